@@ -1,0 +1,1 @@
+"""velo-chat app."""

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Bring a checkout to a runnable state: .venv, llama-cpp-python built from source, the project
+# installed (editable, with test extras), and the embedded default model fetched.
+#
+# Idempotent and fast on re-runs: llama-cpp-python is rebuilt only when the installed version or
+# the build flavour (CPU, or CUDA for a given arch) differs from what is asked for.
+#
+#   CUDA_ARCH=      CPU build (default)
+#   CUDA_ARCH=121a  CUDA build for a DGX Spark (GB10)
+#   CUDA_ARCH=90    CUDA build for an H200
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+LLAMA_VERSION=0.3.36
+CUDA_ARCH=${CUDA_ARCH:-}
+
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip setuptools wheel
+fi
+py="$VENV/bin/python"
+
+if [ -n "$CUDA_ARCH" ]; then
+  flavour="cuda-$CUDA_ARCH"
+  cmake_args="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
+else
+  flavour="cpu"
+  cmake_args="-DGGML_CUDA=off"
+fi
+stamp="$VENV/.llama-cpp-python-build"
+installed=$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
+if [ "$installed" != "$LLAMA_VERSION" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flavour" ]; then
+  jobs=$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))')
+  log "building llama-cpp-python $LLAMA_VERSION from source ($flavour, $jobs jobs; a few minutes)"
+  CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
+    "$py" -m pip install --quiet --no-binary llama-cpp-python --force-reinstall --no-deps \
+    "llama-cpp-python==$LLAMA_VERSION"
+  echo "$flavour" > "$stamp"
+fi
+
+# The project itself (and llama-cpp-python's own runtime deps, which --no-deps skipped above).
+want=$(cat pyproject.toml | "$py" -c 'import sys,hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+proj_stamp="$VENV/.velo-chat-install"
+if [ "$(cat "$proj_stamp" 2>/dev/null)" != "$want" ]; then
+  log "installing velo-chat (editable) with test extras"
+  "$py" -m pip install --quiet -e ".[test]"
+  echo "$want" > "$proj_stamp"
+fi
+
+"$VENV/bin/velo-chat" fetch-model --quiet

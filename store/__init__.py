@@ -1,0 +1,1 @@
+"""velo-chat session store: SQLite, plain dataclasses, never imports the engine."""
