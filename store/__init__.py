@@ -1,1 +1,51 @@
-"""velo-chat session store: SQLite, plain dataclasses, never imports the engine."""
+"""velo-chat session store: SQLite, plain dataclasses, never imports the engine.
+
+`SessionStore(locations.database_path())` is the whole API; see `repository.py` for the threading
+and durability rules, `migrations.py` for how the schema changes, `exchange.py` for the export
+format. Importing this package opens nothing.
+"""
+
+from .errors import (
+    AmbiguousId,
+    IncompatibleStore,
+    InvalidArgument,
+    InvalidImport,
+    MessageNotFound,
+    SessionNotFound,
+    StoreCorrupt,
+    StoreError,
+    StoreFull,
+    StoreLocked,
+    StoreReadOnly,
+)
+from .exchange import FORMAT, FORMAT_VERSION
+from .models import ROLES, STATUSES, Message, Role, SearchHit, Session, Status, make_title
+from .repository import SessionStore
+from .search import SNIPPET_CLOSE, SNIPPET_OPEN
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "ROLES",
+    "SNIPPET_CLOSE",
+    "SNIPPET_OPEN",
+    "STATUSES",
+    "AmbiguousId",
+    "IncompatibleStore",
+    "InvalidArgument",
+    "InvalidImport",
+    "Message",
+    "MessageNotFound",
+    "Role",
+    "SearchHit",
+    "Session",
+    "SessionNotFound",
+    "SessionStore",
+    "Status",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreFull",
+    "StoreLocked",
+    "StoreReadOnly",
+    "make_title",
+]

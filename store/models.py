@@ -1,0 +1,91 @@
+"""Plain models the store returns, and the value rules they follow.
+
+The models are frozen dataclasses so a widget or the engine can hold one without the store's
+database changing under it; a change goes through the store and yields a new model. Times are
+float Unix seconds (UTC) everywhere: they sort and compare as numbers, and the exports say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+Role = Literal["system", "user", "assistant"]
+Status = Literal["complete", "interrupted", "error"]
+
+ROLES: Final = ("system", "user", "assistant")
+STATUSES: Final = ("complete", "interrupted", "error")
+
+TITLE_MAX_CHARS: Final = 60
+"""A derived title is cut to this many characters (an ellipsis included)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One conversation. Its messages are fetched separately (`SessionStore.messages`)."""
+
+    id: str
+    """uuid4 hex (32 characters); the CLI accepts any unique prefix."""
+    title: str | None
+    """None until set by `rename` or derived from the first user message."""
+    created_at: float
+    updated_at: float
+    """Last change to the conversation (a message added, changed or deleted); `list_sessions`
+    sorts on it. A rename or a settings change does not bump it, so the list keeps its order."""
+    profile: str
+    """Name of the profile the session runs on."""
+    system_prompt: str
+    model_fingerprint: str | None
+    """The engine's fingerprint of the model last used, so a resume can tell a model change."""
+    parent_session_id: str | None = None
+    """For a fork: the session it was forked from (None once that session is deleted)."""
+    forked_from_message_id: int | None = None
+    """For a fork: the parent's message the fork was taken at (its last copied message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One turn of a session. `position` is its 0-based place in the session."""
+
+    id: int
+    """Unique across the database and never reused, so it can name a fork point."""
+    session_id: str
+    position: int
+    role: Role
+    content: str
+    status: Status
+    """`interrupted` while a reply streams (and if it never finished), `error` if it failed."""
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    stats: dict[str, Any]
+    """Per-turn engine stats (ttft, tok/s, checkpoint source ...), stored as JSON."""
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """A message that matched a search, with its session and a short excerpt."""
+
+    session: Session
+    message: Message
+    snippet: str
+    """Text around the match; matched terms are wrapped in `SNIPPET_OPEN`/`SNIPPET_CLOSE`."""
+
+
+def make_title(content: str) -> str | None:
+    """Derive a session title from a user message: its first non-blank line, whitespace collapsed,
+    cut at a word boundary to `TITLE_MAX_CHARS` with an ellipsis. None when there is no text."""
+    for line in content.splitlines():
+        words = line.split()
+        if words:
+            break
+    else:
+        return None
+    title = " ".join(words)
+    if len(title) <= TITLE_MAX_CHARS:
+        return title
+    cut = title[: TITLE_MAX_CHARS - 1]
+    space = cut.rfind(" ")
+    if space >= TITLE_MAX_CHARS // 2:
+        cut = cut[:space]
+    return cut.rstrip() + "…"

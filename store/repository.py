@@ -1,0 +1,429 @@
+"""`SessionStore`: the repository API over the session database.
+
+Concurrency: one connection per store, opened with `check_same_thread=False` and guarded by a
+re-entrant lock, so the TUI's main thread and its generation worker can share one store. Each call
+is a few milliseconds of SQLite work, so serialising them costs nothing visible; a connection per
+thread would make the app's own threads contend for SQLite's file lock (and surface as
+`StoreLocked` inside one process) and leave connections to close on threads that may be gone.
+
+Other processes (a second velo-chat, `velo-chat ask` while the TUI runs) are handled by SQLite:
+WAL lets them read while one writes, every write starts with `BEGIN IMMEDIATE` so it waits up to
+`busy_timeout_s` for the write lock, and past that the call raises `StoreLocked` having written
+nothing. `synchronous=FULL`: a committed message survives a power cut, not only a crash; the app
+should therefore throttle streaming `update_message` calls (e.g. once a second).
+
+Streaming replies without losing anything: `add_message(s, "user", text)` commits the user's
+message first; `add_message(s, "assistant", "", status="interrupted")` makes the reply row; the
+worker updates its content as it goes and finally sets `status="complete"` with the stats. A crash
+or kill at any point leaves the user's message and the partial reply, marked interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import exchange, rows
+from .errors import (
+    AmbiguousId,
+    InvalidArgument,
+    MessageNotFound,
+    SessionNotFound,
+    StoreError,
+    StoreReadOnly,
+    translate,
+)
+from .migrations import ensure_search_index, fts5_available, migrate, write_transaction
+from .models import ROLES, STATUSES, Message, SearchHit, Session, make_title
+from .search import find
+
+log = logging.getLogger(__name__)
+
+
+class SessionStore:
+    """Sessions and messages in one SQLite file. Use as a context manager, or call `close`.
+
+    `use_fts`: None (or True) uses FTS5 when this SQLite build has it; False forces the LIKE
+    search path (tests, odd builds).
+    `clock`: returns Unix seconds; injectable so tests get deterministic times and order.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        busy_timeout_s: float = 5.0,
+        use_fts: bool | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self._busy_timeout_s = busy_timeout_s
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreReadOnly(
+                f"cannot create the directory of the session database {self.path}: {exc.strerror}"
+            ) from exc
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise translate(exc, self.path, busy_timeout_s) from exc
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA foreign_keys = ON")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning("session store: journal mode is %s, not WAL", mode)
+            conn.execute("PRAGMA synchronous = FULL")
+            migrate(conn)
+            self.uses_fts = use_fts is not False and fts5_available(conn)
+            ensure_search_index(conn, self.uses_fts)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise translate(exc, self.path, busy_timeout_s) from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        log.debug("session store open: %s (fts=%s)", self.path, self.uses_fts)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection (idempotent). Later calls raise `StoreError`."""
+        with self._lock:
+            if self._conn is None:
+                return
+            try:
+                self._conn.execute("PRAGMA optimize")
+            except sqlite3.Error:
+                log.debug("session store: PRAGMA optimize failed", exc_info=True)
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """One locked transaction; sqlite3 errors leave as `StoreError`s, rolled back."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"session store {self.path} is closed")
+            try:
+                if write:
+                    with write_transaction(conn):
+                        yield conn
+                else:
+                    conn.execute("BEGIN")
+                    try:
+                        yield conn
+                    finally:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                raise translate(exc, self.path, self._busy_timeout_s) from exc
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        profile: str,
+        system_prompt: str = "",
+        title: str | None = None,
+        model_fingerprint: str | None = None,
+    ) -> Session:
+        rows.require_text(profile, "profile")
+        now = self._clock()
+        session = Session(
+            id=uuid.uuid4().hex,
+            title=rows.clean_title(title) if title is not None else None,
+            created_at=now,
+            updated_at=now,
+            profile=profile,
+            system_prompt=system_prompt,
+            model_fingerprint=model_fingerprint,
+        )
+        with self._transaction(write=True) as conn:
+            rows.insert_session(conn, session)
+        return session
+
+    def get_session(self, session_id: str) -> Session:
+        with self._transaction() as conn:
+            return rows.session(conn, session_id)
+
+    def list_sessions(self, limit: int | None = None) -> list[Session]:
+        """Most recently updated first."""
+        with self._transaction() as conn:
+            found = conn.execute(
+                f"SELECT {rows.SESSION_COLUMNS} FROM sessions ORDER BY updated_at DESC, rowid DESC "
+                "LIMIT ?",
+                (-1 if limit is None else limit,),
+            ).fetchall()
+        return [Session(**dict(row)) for row in found]
+
+    def rename(self, session_id: str, title: str) -> Session:
+        """Set the title (one line, whitespace collapsed). Does not change `updated_at`, so the
+        session list keeps its order."""
+        clean = rows.clean_title(title)
+        with self._transaction(write=True) as conn:
+            rows.session(conn, session_id)
+            conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (clean, session_id))
+            return rows.session(conn, session_id)
+
+    def update_session(
+        self,
+        session_id: str,
+        *,
+        profile: str | None = None,
+        system_prompt: str | None = None,
+        model_fingerprint: str | None = None,
+    ) -> Session:
+        """Change the session's settings; arguments left None keep their value."""
+        changes: dict[str, Any] = {
+            "system_prompt": system_prompt,
+            "model_fingerprint": model_fingerprint,
+        }
+        if profile is not None:
+            changes["profile"] = rows.require_text(profile, "profile")
+        changes = {k: v for k, v in changes.items() if v is not None}
+        with self._transaction(write=True) as conn:
+            rows.session(conn, session_id)
+            if changes:
+                rows.update_row(conn, "sessions", session_id, changes)
+            return rows.session(conn, session_id)
+
+    def delete(self, session_id: str) -> None:
+        """Delete the session and (by cascade) its messages; its forks keep their copies."""
+        with self._transaction(write=True) as conn:
+            if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+                raise SessionNotFound(f"no session {session_id!r}")
+
+    def resolve_id(self, prefix: str) -> str:
+        """The full id of the one session whose id starts with `prefix` (for the CLI)."""
+        wanted = prefix.strip().lower()
+        if not wanted:
+            raise InvalidArgument("a session id (or a prefix of one) is required")
+        with self._transaction() as conn:
+            found = conn.execute(
+                "SELECT id FROM sessions WHERE substr(id, 1, ?) = ? ORDER BY updated_at DESC",
+                (len(wanted), wanted),
+            ).fetchall()
+        ids = [row[0] for row in found]
+        if wanted in ids or len(ids) == 1:
+            return wanted if wanted in ids else ids[0]
+        if not ids:
+            raise SessionNotFound(f"no session id starts with {prefix.strip()!r}")
+        shown = ", ".join(i[:12] for i in ids[:5]) + (", ..." if len(ids) > 5 else "")
+        raise AmbiguousId(
+            f"session id prefix {prefix.strip()!r} matches {len(ids)} sessions ({shown}); "
+            "give more characters"
+        )
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def add_message(
+        self,
+        session_id: str,
+        role: str,
+        content: str,
+        status: str = "complete",
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        stats: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Append a message; bumps `updated_at` and, for the first user message of an untitled
+        session, sets the title from it (`make_title`)."""
+        rows.check_choice(role, ROLES, "role")
+        rows.check_choice(status, STATUSES, "status")
+        rows.check_count(prompt_tokens, "prompt_tokens")
+        rows.check_count(completion_tokens, "completion_tokens")
+        rows.check_content(content)
+        stats_json = rows.stats_json(stats)
+        with self._transaction(write=True) as conn:
+            now = self._clock()  # read under the lock: positions and times agree in order
+            session = rows.session(conn, session_id)
+            position = conn.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()[0]
+            message_id = rows.insert_message(
+                conn, session_id, position, role, content, status, prompt_tokens,
+                completion_tokens, stats_json, now,
+            )  # fmt: skip
+            title = session.title
+            if title is None and role == "user":
+                title = make_title(content)
+            conn.execute(
+                "UPDATE sessions SET updated_at = ?, title = ? WHERE id = ?",
+                (now, title, session_id),
+            )
+            return rows.message(conn, message_id)
+
+    def update_message(
+        self,
+        message_id: int,
+        *,
+        content: str | None = None,
+        status: str | None = None,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        stats: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Change a message in place (a streaming reply); arguments left None keep their value.
+        Bumps the session's `updated_at`."""
+        changes: dict[str, Any] = {}
+        if content is not None:
+            changes["content"] = rows.check_content(content)
+        if status is not None:
+            changes["status"] = rows.check_choice(status, STATUSES, "status")
+        if prompt_tokens is not None:
+            changes["prompt_tokens"] = rows.check_count(prompt_tokens, "prompt_tokens")
+        if completion_tokens is not None:
+            changes["completion_tokens"] = rows.check_count(completion_tokens, "completion_tokens")
+        if stats is not None:
+            changes["stats"] = rows.stats_json(stats)
+        with self._transaction(write=True) as conn:
+            message = rows.message(conn, message_id)
+            if changes:
+                rows.update_row(conn, "messages", message_id, changes)
+                conn.execute(
+                    "UPDATE sessions SET updated_at = ? WHERE id = ?",
+                    (self._clock(), message.session_id),
+                )
+            return rows.message(conn, message_id)
+
+    def get_message(self, message_id: int) -> Message:
+        with self._transaction() as conn:
+            return rows.message(conn, message_id)
+
+    def messages(self, session_id: str) -> list[Message]:
+        """The session's messages in order (raises `SessionNotFound` for an unknown id)."""
+        with self._transaction() as conn:
+            rows.session(conn, session_id)
+            return rows.messages(conn, session_id)
+
+    def delete_messages_after(self, session_id: str, position: int) -> int:
+        """Delete the messages after `position` (regenerate, edit-last-message); -1 clears all.
+        Returns how many were deleted."""
+        with self._transaction(write=True) as conn:
+            rows.session(conn, session_id)
+            deleted = conn.execute(
+                "DELETE FROM messages WHERE session_id = ? AND position > ?", (session_id, position)
+            ).rowcount
+            if deleted:
+                conn.execute(
+                    "UPDATE sessions SET updated_at = ? WHERE id = ?", (self._clock(), session_id)
+                )
+        return deleted
+
+    # -- search -----------------------------------------------------------------------------
+
+    def search(
+        self, query: str, *, session_id: str | None = None, limit: int = 50
+    ) -> list[SearchHit]:
+        """Messages containing every word of `query`, best first (FTS5 rank, or most recent
+        session first on the LIKE path). An empty query finds nothing."""
+        if not query.strip():
+            return []
+        with self._transaction() as conn:
+            found = find(conn, query, self.uses_fts, session_id, limit)
+            sessions: dict[str, Session] = {}
+            for message, _ in found:
+                if message.session_id not in sessions:
+                    sessions[message.session_id] = rows.session(conn, message.session_id)
+        return [SearchHit(sessions[m.session_id], m, snippet) for m, snippet in found]
+
+    # -- fork, export, import ---------------------------------------------------------------
+
+    def fork(self, session_id: str, at_message_id: int, title: str | None = None) -> Session:
+        """A new session with copies of the messages up to and including `at_message_id`.
+
+        The copies are independent rows (editing either session never touches the other); the
+        engine's checkpoints are keyed on token prefixes, so the fork reuses the parent's."""
+        now = self._clock()
+        with self._transaction(write=True) as conn:
+            parent = rows.session(conn, session_id)
+            at = rows.message(conn, at_message_id)
+            if at.session_id != session_id:
+                raise MessageNotFound(f"message {at_message_id} is not in session {session_id!r}")
+            if title is None:
+                first_user = conn.execute(
+                    "SELECT content FROM messages WHERE session_id = ? AND role = 'user' "
+                    "AND position <= ? ORDER BY position LIMIT 1",
+                    (session_id, at.position),
+                ).fetchone()
+                base = parent.title or (make_title(first_user[0]) if first_user else None)
+                title = f"{base} (fork)" if base else None
+            child = Session(
+                id=uuid.uuid4().hex,
+                title=rows.clean_title(title) if title is not None else None,
+                created_at=now,
+                updated_at=now,
+                profile=parent.profile,
+                system_prompt=parent.system_prompt,
+                model_fingerprint=parent.model_fingerprint,
+                parent_session_id=parent.id,
+                forked_from_message_id=at.id,
+            )
+            rows.insert_session(conn, child)
+            conn.execute(
+                f"INSERT INTO messages (session_id, position, {rows.COPY_FIELDS}) "
+                f"SELECT ?, position, {rows.COPY_FIELDS} FROM messages "
+                "WHERE session_id = ? AND position <= ? ORDER BY position",
+                (child.id, session_id, at.position),
+            )
+        return child
+
+    def export_markdown(self, session_id: str) -> str:
+        with self._transaction() as conn:
+            return exchange.export_markdown(
+                rows.session(conn, session_id), rows.messages(conn, session_id)
+            )
+
+    def export_json(self, session_id: str) -> dict[str, Any]:
+        """The versioned JSON document (`exchange.FORMAT`, `exchange.FORMAT_VERSION`)."""
+        with self._transaction() as conn:
+            session, messages = rows.session(conn, session_id), rows.messages(conn, session_id)
+        return exchange.export_json(session, messages, exported_at=self._clock())
+
+    def import_json(self, data: Mapping[str, Any] | str | bytes) -> Session:
+        """Import an `export_json` document (parsed or as text) as a new session with a new id.
+        Raises `InvalidImport` naming the first bad field; nothing is written then."""
+        doc = exchange.parse_import(data)
+        title = doc.title
+        if title is None:
+            title = next((make_title(m.content) for m in doc.messages if m.role == "user"), None)
+        session = Session(
+            id=uuid.uuid4().hex,
+            title=rows.clean_title(title) if title and title.strip() else None,
+            created_at=doc.created_at,
+            updated_at=doc.updated_at,
+            profile=doc.profile,
+            system_prompt=doc.system_prompt,
+            model_fingerprint=doc.model_fingerprint,
+        )
+        with self._transaction(write=True) as conn:
+            rows.insert_session(conn, session)
+            for position, m in enumerate(doc.messages):
+                rows.insert_message(
+                    conn, session.id, position, m.role, m.content, m.status, m.prompt_tokens,
+                    m.completion_tokens, rows.stats_json(m.stats), m.created_at,
+                )  # fmt: skip
+        return session
