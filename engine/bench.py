@@ -1,0 +1,132 @@
+"""`velo-chat bench`: the measuring instrument every performance claim is quoted from.
+
+It drives the real engine through real turns (the same code path the app uses) and reports
+prefill tok/s at several prompt sizes, decode tok/s over a fixed number of greedy tokens, TTFT,
+and the engine's own overhead: wall time of the decode phase over llama.cpp's `t_eval_ms` for
+the same tokens (1.00 would be a Python loop that costs nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .chat_template import ChatMessage
+from .engine import Engine
+from .events import TurnDone, TurnStats
+
+log = logging.getLogger(__name__)
+
+FILLER = (
+    "The quick brown fox jumps over the lazy dog while a careful engineer reviews the diff, "
+    "runs the tests again and writes down every number with the command that produced it. "
+)
+DEFAULT_PREFILL_SIZES = (512, 2048, 8192)
+
+
+@dataclass
+class BenchResult:
+    model: str
+    architecture: str
+    profile: str
+    n_ctx: int
+    n_threads: int
+    hybrid: bool
+    machine: str
+    prefill: list[dict[str, Any]] = field(default_factory=list)
+    decode: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, Any] = field(default_factory=dict)  # later sections (e.g. resume)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def conversation_of(engine: Engine, n_tokens: int) -> list[ChatMessage]:
+    """A one-message conversation whose rendered prompt is about `n_tokens` tokens."""
+    unit = len(engine.tokens_for([ChatMessage("user", FILLER * 8)])) - len(
+        engine.tokens_for([ChatMessage("user", "")]))
+    per_filler = max(1.0, unit / 8)
+    base = len(engine.tokens_for([ChatMessage("user", "")]))
+    reps = max(0, int((n_tokens - base) / per_filler))
+    return [ChatMessage("user", FILLER * reps)]
+
+
+def _turn_stats(engine: Engine, messages: list[ChatMessage], **kwargs: Any) -> TurnStats:
+    for event in engine.turn(messages, **kwargs):
+        if isinstance(event, TurnDone):
+            return event.stats
+    raise RuntimeError("turn ended without TurnDone")
+
+
+def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFILL_SIZES,
+              decode_tokens: int = 256, repeats: int = 3,
+              on_progress: Callable[[str], None] | None = None) -> BenchResult:
+    note = on_progress or (lambda _s: None)
+    model, ctx = engine.model, engine.ctx
+    assert model is not None and ctx is not None, "load the engine first"
+    result = BenchResult(
+        model=str(engine.model_path.name), architecture=model.architecture, profile=profile_name,
+        n_ctx=ctx.n_ctx, n_threads=ctx.n_threads, hybrid=model.hybrid,
+        machine=f"{platform.machine()} {platform.system()}",
+    )
+    room = ctx.n_ctx - decode_tokens - 16
+    sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
+    for size in sizes:
+        messages = conversation_of(engine, size)
+        engine.reset()
+        note(f"prefill {size} tokens")
+        stats = _turn_stats(engine, messages, max_tokens=1)
+        result.prefill.append({
+            "tokens": stats.prefill_tokens, "tok_s": round(stats.prefill_tok_s, 1),
+            "ttft_s": round(stats.ttft_s, 4),
+            "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
+        })
+    messages = conversation_of(engine, min(128, room))
+    runs = []
+    for i in range(repeats):
+        engine.reset()
+        note(f"decode {decode_tokens} tokens (run {i + 1}/{repeats})")
+        stats = _turn_stats(engine, messages, max_tokens=decode_tokens, ignore_eos=True)
+        runs.append(stats)
+    ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
+    best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
+    result.decode = {
+        "tokens": best.decode_tokens,
+        "tok_s": round(statistics.median(s.decode_tok_s for s in runs), 2),
+        "ttft_s": round(statistics.median(s.ttft_s for s in runs), 4),
+        "wall_ms": round(statistics.median(s.wall_ms for s in runs), 2),
+        "llama_eval_ms": round(statistics.median(s.llama_eval_ms for s in runs), 2),
+        "overhead": round(statistics.median(ratios), 4) if ratios else None,
+        "overhead_runs": [round(r, 4) for r in ratios],
+        "graphs_reused": best.graphs_reused,
+        "repeats": repeats,
+    }
+    engine.reset()
+    return result
+
+
+def format_table(result: BenchResult) -> str:
+    lines = [
+        f"model     {result.model} ({result.architecture}, hybrid={result.hybrid})",
+        f"profile   {result.profile}   n_ctx {result.n_ctx}   threads {result.n_threads}   "
+        f"{result.machine}",
+        "",
+        f"{'prefill tokens':>15} {'tok/s':>10} {'TTFT s':>9}",
+    ]
+    for row in result.prefill:
+        lines.append(f"{row['tokens']:>15,} {row['tok_s']:>10,.1f} {row['ttft_s']:>9.3f}")
+    d = result.decode
+    if d:
+        lines += [
+            "",
+            f"decode    {d['tokens']} tokens greedy: {d['tok_s']:.1f} tok/s (median of "
+            f"{d['repeats']}), graphs reused {d['graphs_reused']}",
+            f"overhead  wall {d['wall_ms']:.1f} ms / llama eval {d['llama_eval_ms']:.1f} ms = "
+            f"{d['overhead']:.4f}  (runs: {', '.join(f'{r:.4f}' for r in d['overhead_runs'])})",
+        ]
+    return "\n".join(lines)

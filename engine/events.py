@@ -1,0 +1,122 @@
+"""What a running engine tells its caller: plain frozen dataclasses, no UI types.
+
+A turn is an iterator of these events, always in this order:
+`TurnStarted`, `PrefillProgress`* (one per ubatch), `TokenDelta`* (one per generated token that
+completes some text), optional `EngineWarning`s anywhere, then exactly one of `TurnDone` or
+`TurnFailed`. Loading a model emits `ModelLoading`* then `ModelLoaded`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelLoading:
+    progress: float  # 0.0 .. 1.0
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    path: str
+    architecture: str
+    n_params: int
+    size_bytes: int
+    n_ctx: int
+    n_threads: int
+    hybrid: bool  # recurrent or hybrid memory: prefixes resume only at checkpoint boundaries
+    load_s: float
+
+
+@dataclass(frozen=True)
+class TurnStarted:
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    source: str  # where the reused state came from: "live", "ram", "disk" or "none"
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    done: int  # tokens of the new tail prefilled so far
+    total: int
+    tok_s: float
+    eta_s: float
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    text: str  # may be "" while a multi-byte character is incomplete
+    token_id: int
+    t: float  # time.perf_counter() when the token was sampled
+
+
+@dataclass(frozen=True)
+class EngineWarning:
+    message: str
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    tokens: int
+    bytes: int
+    tier: str  # "ram" or "disk"
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    """Numbers for one turn; `to_json` is the `stats` object of `velo-chat ask --json`."""
+
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    prefill_s: float
+    prefill_tok_s: float
+    decode_tokens: int
+    decode_s: float
+    decode_tok_s: float
+    graphs_reused: int
+    llama_eval_ms: float  # llama.cpp's own time in llama_decode during the decode phase
+    llama_prompt_eval_ms: float
+    wall_ms: float  # wall time of the decode phase (compare with llama_eval_ms)
+    total_s: float
+    finish_reason: str  # "stop", "length", "context", "cancelled"
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ttft_s": round(self.ttft_s, 4),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_tok_s": round(self.prefill_tok_s, 2),
+            "decode_tokens": self.decode_tokens,
+            "decode_tok_s": round(self.decode_tok_s, 2),
+            "graphs_reused": self.graphs_reused,
+            "llama_eval_ms": round(self.llama_eval_ms, 3),
+            "llama_prompt_eval_ms": round(self.llama_prompt_eval_ms, 3),
+            "wall_ms": round(self.wall_ms, 3),
+            "total_s": round(self.total_s, 4),
+            "finish_reason": self.finish_reason,
+            "checkpoint": dict(self.checkpoint),
+        }
+
+
+@dataclass(frozen=True)
+class TurnDone:
+    text: str
+    stats: TurnStats
+
+
+@dataclass(frozen=True)
+class TurnFailed:
+    reason: str
+    text: str = ""  # partial text, kept
+
+
+EngineEvent = (
+    ModelLoading | ModelLoaded | TurnStarted | PrefillProgress | TokenDelta | EngineWarning
+    | CheckpointSaved | TurnDone | TurnFailed
+)

@@ -1,0 +1,170 @@
+"""A light GGUF header reader: enough to reject a bad file with a clear message before llama.cpp
+sees it, and to fingerprint a model without reading its weights.
+
+llama.cpp answers a truncated or foreign file with a NULL model and a log line; users deserve to
+be told "this file is truncated (12.3 MB of 98.4 MB)" instead. The reader parses the metadata and
+the tensor table (no tensor data) and checks that the data section is as long as the tensors need.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+
+# GGUF metadata value types -> struct format (scalars).
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}
+_STRING, _ARRAY = 8, 9
+
+# ggml type -> (values per block, bytes per block), for the data-size check. Types missing here
+# are skipped by the check (their offsets are still checked against the file size).
+GGML_BLOCK = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+    15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+    21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
+    27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+}
+
+
+class GGUFError(ValueError):
+    """The file is not a usable GGUF; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order (ne0 first)
+    ggml_type: int
+    offset: int  # relative to the data section
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: tuple[TensorInfo, ...]
+    data_offset: int
+    file_size: int
+    header_sha256: str
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def tensor(self, name: str) -> TensorInfo | None:
+        return next((t for t in self.tensors if t.name == name), None)
+
+
+class _Reader:
+    def __init__(self, fh: BinaryIO, size: int, path: Path) -> None:
+        self.fh, self.size, self.path = fh, size, path
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(n)
+        if len(data) != n:
+            raise GGUFError(f"{self.path}: truncated GGUF header ({self.size} bytes in all)")
+        return data
+
+    def unpack(self, fmt: str) -> Any:
+        return struct.unpack("<" + fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.unpack("Q")
+        if n > self.size:
+            raise GGUFError(f"{self.path}: corrupt GGUF header (string of {n} bytes)")
+        return self.read(n).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, keep: bool) -> Any:
+        if vtype in _SCALARS:
+            return self.unpack(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            item_type, count = self.unpack("I"), self.unpack("Q")
+            if count > self.size:
+                raise GGUFError(f"{self.path}: corrupt GGUF header (array of {count} items)")
+            if item_type in _SCALARS and not keep:
+                self.fh.seek(struct.calcsize(_SCALARS[item_type]) * count, 1)
+                return None
+            items = [self.value(item_type, keep) for _ in range(count)]
+            return items if keep else None
+        raise GGUFError(f"{self.path}: corrupt GGUF header (value type {vtype})")
+
+
+def read_header(path: Path, *, keep_arrays: bool = False) -> GGUFHeader:
+    """Parse a GGUF's metadata and tensor table; raise GGUFError if it is not a whole GGUF.
+
+    Large arrays (the tokenizer's vocab and merges) are skipped unless `keep_arrays`.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        fh = path.open("rb")
+    except FileNotFoundError:
+        raise GGUFError(f"model file not found: {path}") from None
+    except IsADirectoryError:
+        raise GGUFError(f"model path is a directory, not a GGUF file: {path}") from None
+    except OSError as exc:
+        raise GGUFError(f"cannot open model file {path}: {exc.strerror}") from None
+    with fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise GGUFError(f"not a GGUF file (bad magic): {path}")
+        r = _Reader(fh, size, path)
+        version = r.unpack("I")
+        if version not in (2, 3):
+            raise GGUFError(f"{path}: unsupported GGUF version {version}")
+        n_tensors, n_kv = r.unpack("Q"), r.unpack("Q")
+        if n_tensors > size or n_kv > size:
+            raise GGUFError(f"{path}: corrupt GGUF header")
+        metadata: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key = r.string()
+            metadata[key] = r.value(r.unpack("I"), keep_arrays)
+        tensors = []
+        for _ in range(n_tensors):
+            name = r.string()
+            n_dims = r.unpack("I")
+            if n_dims > 8:
+                raise GGUFError(f"{path}: corrupt GGUF tensor table")
+            shape = tuple(r.unpack("Q") for _ in range(n_dims))
+            tensors.append(TensorInfo(name, shape, r.unpack("I"), r.unpack("Q")))
+        header_end = fh.tell()
+        fh.seek(0)
+        digest = hashlib.sha256(fh.read(header_end))
+    digest.update(str(size).encode())
+    align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT) or DEFAULT_ALIGNMENT)
+    data_offset = (header_end + align - 1) // align * align
+    header = GGUFHeader(path, version, metadata, tuple(tensors), data_offset, size,
+                        digest.hexdigest())
+    _check_data_size(header)
+    return header
+
+
+def tensor_nbytes(t: TensorInfo) -> int | None:
+    block = GGML_BLOCK.get(t.ggml_type)
+    if block is None:
+        return None
+    n = 1
+    for d in t.shape:
+        n *= d
+    return n // block[0] * block[1]
+
+
+def _check_data_size(h: GGUFHeader) -> None:
+    need = h.data_offset
+    for t in h.tensors:
+        nbytes = tensor_nbytes(t) or 1
+        need = max(need, h.data_offset + t.offset + nbytes)
+    if need > h.file_size:
+        raise GGUFError(
+            f"truncated GGUF: {h.path} has {h.file_size:,} bytes but its tensors need "
+            f"{need:,} (an interrupted download?)"
+        )

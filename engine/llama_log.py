@@ -1,0 +1,85 @@
+"""Route llama.cpp's log lines into Python `logging` (never to the terminal).
+
+llama-cpp-python installs a callback at import that prints to stderr, and its `Llama(verbose=False)`
+silences llama.cpp by dup2-ing the process's stdout/stderr to /dev/null — both fatal under a TUI.
+We replace the callback with one that buffers the C fragments into lines and logs them to the
+`velo_chat.llama` logger; the CLI and the app attach a file handler in the log dir.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+logger = logging.getLogger("velo_chat.llama")
+
+# ggml_log_level (ggml.h: NONE, DEBUG, INFO, WARN, ERROR, CONT) -> logging level;
+# 5 (CONT) continues the previous line's level.
+_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
+           4: logging.ERROR}
+
+_installed: list[object] = []  # keeps the ctypes callback alive for the process's lifetime
+_lock = threading.Lock()
+
+
+class _LineBuffer:
+    """Joins the fragments llama.cpp logs (it often sends one line in several calls)."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.level = logging.INFO
+        self.lock = threading.Lock()
+        self.last_error = ""
+
+    def feed(self, level: int, text: str) -> None:
+        with self.lock:
+            if level != 5:
+                self.level = _LEVELS.get(level, logging.INFO)
+            self.parts.append(text)
+            if not text.endswith("\n"):
+                return
+            line = "".join(self.parts).rstrip("\n")
+            self.parts.clear()
+            lvl = self.level
+        if lvl >= logging.ERROR:
+            self.last_error = line.strip()
+        logger.log(lvl, "%s", line)
+
+
+_buffer = _LineBuffer()
+
+
+def install() -> None:
+    """Install the logging callback once per process (idempotent, thread-safe)."""
+    with _lock:
+        if _installed:
+            return
+        import llama_cpp  # noqa: F401  (its import installs the printing callback we replace)
+        from llama_cpp import llama_cpp as ll
+
+        @ll.llama_log_callback
+        def _callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            try:
+                _buffer.feed(int(level), text.decode("utf-8", errors="replace"))
+            except Exception:  # never raise into C
+                pass
+
+        ll.llama_log_set(_callback, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _installed.append(_callback)
+
+
+def last_error() -> str:
+    """The last ERROR line llama.cpp logged (for a one-line explanation of a failed load)."""
+    return _buffer.last_error
+
+
+def setup_file_logging(path: str, level: int = logging.INFO) -> logging.Handler:
+    """Attach a file handler for velo-chat's loggers (the CLI and the app call this)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("velo_chat")
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

@@ -1,0 +1,157 @@
+"""A loaded GGUF model behind a small wrapper over llama.cpp's C API.
+
+Why not llama-cpp-python's `Llama` class: it never reuses a prefix on hybrid models, pickles its
+disk cache and dup2s the process's stdout/stderr when quiet (DESIGN.md). This wrapper only owns
+the `llama_model*` and its vocabulary: tokenize, detokenize one token, end-of-generation checks,
+the chat template and a fingerprint. Contexts are in `llama_context.py`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import gguf_file, llama_log
+from .chat_template import ChatTemplate
+from .profile_schema import ModelSettings
+
+log = logging.getLogger(__name__)
+
+LAZY_MODES = {"off": 0, "auto": 1, "on": 2}
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be loaded; the message is one line meant for the user."""
+
+
+class LoadCancelled(ModelLoadError):
+    pass
+
+
+class LlamaModel:
+    def __init__(self, path: Path, settings: ModelSettings,
+                 on_progress: Callable[[float], bool] | None = None) -> None:
+        """Load `path`; `on_progress(fraction)` may return False to cancel the load."""
+        from llama_cpp import llama_cpp as ll
+
+        self._ll = ll
+        self.path = Path(path)
+        self.header = gguf_file.read_header(self.path)  # raises GGUFError with a clear line
+        llama_log.install()
+
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 2**30
+        params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else ll.LLAMA_LOAD_MODE_NONE
+        params.lazy_mode = LAZY_MODES[settings.lazy_ple]
+        cancelled = False
+
+        @ll.llama_progress_callback
+        def _progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+            nonlocal cancelled
+            if on_progress is None:
+                return True
+            try:
+                keep_going = on_progress(float(fraction)) is not False
+            except Exception:  # never raise into C
+                log.exception("load progress callback failed")
+                keep_going = True
+            cancelled = not keep_going
+            return keep_going
+
+        params.progress_callback = _progress
+        t0 = time.perf_counter()
+        model = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        self.load_s = time.perf_counter() - t0
+        if not model:
+            if cancelled:
+                raise LoadCancelled(f"loading {self.path.name} was cancelled")
+            why = llama_log.last_error() or "see the log for details"
+            raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
+        self.model = model
+        self.vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = ll.llama_model_n_ctx_train(model)
+        self.n_params = int(ll.llama_model_n_params(model))
+        self.size_bytes = int(ll.llama_model_size(model))
+        self.hybrid = bool(ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
+        self.architecture = self.header.architecture
+        self.fingerprint = self.header.header_sha256
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        self.bos_id = int(ll.llama_vocab_bos(self.vocab))
+        self.eos_id = int(ll.llama_vocab_eos(self.vocab))
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog_cache: dict[int, bool] = {}
+        self._template: ChatTemplate | None = None
+        log.info("loaded %s (%s, %.1f MB, hybrid=%s) in %.2fs", self.path, self.architecture,
+                 self.size_bytes / 1e6, self.hybrid, self.load_s)
+
+    # -- vocabulary -----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True
+                 ) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (self._ll.llama_token * n_max)()
+        n = self._ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special,
+                                    parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            n_max = -n
+            buf = (self._ll.llama_token * n_max)()
+            n = self._ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special,
+                                        parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        buf = self._piece_buf
+        n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        return self.token_bytes(token, special=True).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        cached = self._eog_cache.get(token)
+        if cached is None:
+            cached = self._eog_cache[token] = bool(self._ll.llama_vocab_is_eog(self.vocab, token))
+        return cached
+
+    # -- chat -----------------------------------------------------------------------------------
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """The model's own template (raises ChatTemplateError if the GGUF has none)."""
+        if self._template is None:
+            raw = self._ll.llama_model_chat_template(self.model, None)
+            source = raw.decode("utf-8") if raw else None
+            self._template = ChatTemplate(
+                source,
+                bos_token=self.token_text(self.bos_id) if self.bos_id >= 0 else "",
+                eos_token=self.token_text(self.eos_id) if self.eos_id >= 0 else "",
+                model_name=self.path.name,
+            )
+        return self._template
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokens for a rendered chat: special tokens parsed, BOS added once if the model wants it."""
+        tokens = self.tokenize(text, add_special=False, parse_special=True)
+        if self.add_bos and self.bos_id >= 0 and (not tokens or tokens[0] != self.bos_id):
+            tokens.insert(0, self.bos_id)
+        return tokens
+
+    def close(self) -> None:
+        if getattr(self, "model", None):
+            self._ll.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,176 @@
+"""The profile schema: every setting a profile can hold, with its documentation and allowed range.
+
+A profile is a TOML file with one table per section. Each field below is declared once, with its
+type, default, allowed values and the doc text that the settings screen shows next to it; the
+loader (`profiles.py`) validates a file against these declarations and builds frozen dataclasses.
+Changing a setting means building a new `Profile` (`dataclasses.replace`), never mutating one.
+
+`reload` in a field's metadata says whether changing it needs the model or context rebuilt
+("model": reload the weights, "context": a new llama_context) or applies to the next turn (None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    reload: str | None = None,
+) -> Any:
+    """Declare one profile field with its documentation and constraints."""
+    return field(
+        default=default,
+        metadata={"doc": doc, "min": min, "max": max, "choices": choices, "reload": reload},
+    )
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which GGUF to load and how its weights are placed."""
+
+    path: str = setting(
+        "default",
+        "Path to a GGUF file (the first shard of a split model), or \"default\" for the embedded "
+        "SmolLM2-135M-Instruct. `~` is expanded.",
+        reload="model",
+    )
+    n_gpu_layers: int = setting(
+        0,
+        "Layers offloaded to the GPU: 0 = CPU only, -1 = all layers. Ignored by a CPU build.",
+        min=-1,
+        max=100000,
+        reload="model",
+    )
+    use_mmap: bool = setting(True, "Map the GGUF instead of reading it into RAM.", reload="model")
+    lazy_ple: str = setting(
+        "auto",
+        "How the per-layer n-gram embedding table (qwen4exp PLE, ~27 GiB) is read: \"on\" keeps "
+        "it on mmap and reads rows on demand (what a Spark needs: llama.cpp turns it off on "
+        "integrated GPUs), \"off\" reads it all up front, \"auto\" lets llama.cpp decide.",
+        choices=("off", "auto", "on"),
+        reload="model",
+    )
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """The llama_context: its size, batching, threads and KV cache."""
+
+    n_ctx: int = setting(
+        8192, "Context length in tokens (0 = the model's training context).", min=0,
+        max=1048576, reload="context",
+    )
+    n_batch: int = setting(
+        512, "Logical batch: tokens handed to one llama_decode call during prefill.", min=1,
+        max=65536, reload="context",
+    )
+    n_ubatch: int = setting(
+        512, "Physical micro-batch; prefill progress and cancellation are checked per ubatch.",
+        min=1, max=65536, reload="context",
+    )
+    n_threads: int = setting(
+        0, "CPU threads for llama.cpp; 0 = the usable cores. Never more than the usable cores.",
+        min=0, max=1024, reload="context",
+    )
+    flash_attn: str = setting(
+        "auto", "Flash attention: \"on\", \"off\" or \"auto\".", choices=("auto", "on", "off"),
+        reload="context",
+    )
+    type_k: str = setting(
+        "f16", "KV cache type for K.", choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
+        reload="context",
+    )
+    type_v: str = setting(
+        "f16", "KV cache type for V (quantized V needs flash attention).",
+        choices=("f32", "f16", "bf16", "q8_0", "q4_0"), reload="context",
+    )
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the next token is chosen. Changes apply to the next turn."""
+
+    temperature: float = setting(
+        0.0, "0 = greedy (deterministic); higher = more random.", min=0.0, max=5.0
+    )
+    top_p: float = setting(1.0, "Nucleus sampling: keep the smallest set with this mass.",
+                           min=0.0, max=1.0)
+    top_k: int = setting(0, "Keep only the k most likely tokens; 0 = off.", min=0, max=100000)
+    min_p: float = setting(0.0, "Drop tokens below this fraction of the top probability.",
+                           min=0.0, max=1.0)
+    repeat_penalty: float = setting(1.0, "Penalty for recently seen tokens; 1.0 = off.",
+                                    min=0.0, max=5.0)
+    repeat_last_n: int = setting(64, "How many recent tokens the repeat penalty looks at.",
+                                 min=0, max=65536)
+    seed: int = setting(-1, "Sampling seed; -1 = a new random seed each turn.", min=-1,
+                        max=2**32 - 1)
+    max_tokens: int = setting(2048, "Most tokens one reply may have.", min=1, max=1048576)
+
+
+@dataclass(frozen=True)
+class ReasoningSettings:
+    """Thinking models (`<think>...</think>`)."""
+
+    show_thinking: bool = setting(
+        True, "Show the model's reasoning in a collapsible block (collapsed by default)."
+    )
+
+
+@dataclass(frozen=True)
+class SpeculationSettings:
+    """Speculative decoding (not implemented yet: must stay off)."""
+
+    enabled: bool = setting(False, "Speculative decoding. Not implemented yet; must be false.")
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Prefix checkpoints: saved model state at message boundaries, for fast resume."""
+
+    enabled: bool = setting(True, "Save and reuse prefix checkpoints.")
+    ram_budget_mib: int = setting(2048, "RAM tier budget in MiB (LRU).", min=0, max=1048576)
+    disk_budget_gib: float = setting(16.0, "Disk tier budget in GiB (LRU, never exceeded).",
+                                     min=0.0, max=65536.0)
+    interval_tokens: int = setting(
+        8192, "Also save every this many tokens inside a long prefill; 0 = only at boundaries.",
+        min=0, max=1048576,
+    )
+
+
+@dataclass(frozen=True)
+class DisplaySettings:
+    """How the TUI looks."""
+
+    theme: str = setting("textual-dark", "A Textual theme name.")
+    show_live_panel: bool = setting(True, "Show the live speed panel.")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named, validated, immutable set of settings."""
+
+    name: str
+    description: str = ""
+    system_prompt: str = ""
+    model: ModelSettings = field(default_factory=ModelSettings)
+    context: ContextSettings = field(default_factory=ContextSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
+    display: DisplaySettings = field(default_factory=DisplaySettings)
+
+
+SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in fields(Profile)
+    if f.name not in ("name", "description", "system_prompt")
+}
+"""Section name -> settings dataclass, in declaration order (the settings screen groups by it)."""
