@@ -1,0 +1,1 @@
+"""Test helpers that are not tests (model generators). Imported as `tests.support.*`."""
