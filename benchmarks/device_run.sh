@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device-machine call for issue 5: GPU tests of the PLE kernels, then the benchmark.
+# Run from the repo root on the CUDA machine; logs and JSON go to $OUT (or ./device_out).
+set -uo pipefail
+OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# velo_chat is a namespace of top-level folders (pyproject package-dir); mirror it without installing
+VC=$(mktemp -d); mkdir -p "$VC/velo_chat"
+for d in kernels engine; do ln -s "$PWD/$d" "$VC/velo_chat/$d"; done
+export PYTHONPATH="$VC${PYTHONPATH:+:$PYTHONPATH}"
+TABLE=${VELO_PLE_BIG_TABLE:-/tmp/ple_big.gguf}
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv
+  python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)"
+  grep -E 'MemTotal|MemAvailable' /proc/meminfo; nproc; df -h /tmp | tail -1
+} 2>&1 | tee "$OUT/env.txt"
+time python3 benchmarks/ple_gather.py --table "$TABLE" --make-table-only 2>&1 | tee "$OUT/make_table.log"
+VELO_PLE_BIG_TABLE="$TABLE" timeout 300 python3 -m pytest -m gpu -q --noconftest -p no:cacheprovider \
+  -o addopts="" -rA tests/test_kernels_gpu.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+timeout 240 python3 benchmarks/ple_gather.py --table "$TABLE" --json-out "$OUT/ple_gather.json" \
+  ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
+tail -5 "$OUT/bench.log"
+python3 - "$OUT/ple_gather.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as e:
+    sys.exit(f"no JSON: {e}")
+print(r["device"], r["table"]["mode"], "|", r["table"]["mode_reason"])
+for case in ("per_token", "batch_512"):
+    c = r[case]
+    print(case, {k: (v["median"] if isinstance(v, dict) else v) for k, v in c.items()})
+PY
