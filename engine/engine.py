@@ -191,6 +191,7 @@ class Engine:
                 if cancel.is_set() and done < len(tail):
                     finish = "cancelled"
                     break
+            ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
             t_prefill1 = time.perf_counter()
             prefill_s = t_prefill1 - t_prefill0
             if tail and finish != "cancelled":
@@ -201,7 +202,7 @@ class Engine:
             t_first = t_last = None
             if finish != "cancelled":
                 utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-                with Sampler(settings, tokens) as sampler:
+                with Sampler(settings, model.n_vocab, tokens) as sampler:
                     live = self.live_tokens
                     n_ctx = ctx.n_ctx
                     for _ in range(settings.max_tokens):

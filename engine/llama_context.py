@@ -110,6 +110,10 @@ class LlamaContext:
         self._one[0] = token
         return self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(self._one, 1))
 
+    def synchronize(self) -> None:
+        """Wait for queued work; llama.cpp books a batch's time into its perf counters here."""
+        self._ll.llama_synchronize(self.ctx)
+
     def perf(self) -> Perf:
         p = self._ll.llama_perf_context(self.ctx)
         return Perf(p.t_p_eval_ms, p.t_eval_ms, p.n_p_eval, p.n_eval, p.n_reused)

@@ -14,7 +14,8 @@ from .profile_schema import SamplingSettings
 
 
 class Sampler:
-    def __init__(self, settings: SamplingSettings, recent_tokens: Sequence[int] = ()) -> None:
+    def __init__(self, settings: SamplingSettings, n_vocab: int,
+                 recent_tokens: Sequence[int] = ()) -> None:
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll
@@ -23,7 +24,8 @@ class Sampler:
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         s = settings
         if s.repeat_penalty != 1.0 and s.repeat_last_n > 0:
-            add(ll.llama_sampler_init_penalties(s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
+            add(ll.llama_sampler_init_penalties(
+                n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
         if s.temperature <= 0.0:
             add(ll.llama_sampler_init_greedy())
             self.seed = None

@@ -1,0 +1,168 @@
+"""`velo-chat`: the command line. With no command it opens the TUI.
+
+Exit codes (DESIGN.md): 0 ok, 2 a user error (one line on stderr, no traceback), 1 a bug,
+130 interrupted by Ctrl-C. Commands live in `app/commands/`; this module parses and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+import sys
+from collections.abc import Sequence
+
+from velo_chat.engine import llama_log, locations
+from velo_chat.engine.profiles import ProfileError
+
+from .errors import USER_ERRORS, UserError
+
+log = logging.getLogger(__name__)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("velo-chat")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from source
+        return "unknown"
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _nonneg_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not 0.0 <= x <= 5.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 5, got {x}")
+    return x
+
+
+def _seed(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if not 0 <= n < 2**32:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 4294967295, got {n}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="velo-chat",
+        description="Chat with a big local model from the terminal. No command opens the TUI.",
+    )
+    p.add_argument("--version", action="version", version=f"velo-chat {version()}")
+    p.add_argument("--profile", help="profile to use (default: the active one)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved profile and directories, then exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    ask = sub.add_parser("ask", help="one turn, streamed to stdout")
+    ask.add_argument("prompt", help="the message; '-' reads it from stdin")
+    which = ask.add_mutually_exclusive_group()
+    which.add_argument("--session", metavar="ID", help="continue this session (id or prefix)")
+    which.add_argument("--new", action="store_true", help="start a new session (the default)")
+    ask.add_argument("--profile", dest="ask_profile", metavar="NAME", help="profile to use")
+    ask.add_argument("--model", metavar="PATH", help="GGUF to load instead of the profile's")
+    ask.add_argument("--max-tokens", type=_positive, metavar="N")
+    ask.add_argument("--temperature", type=_nonneg_float, metavar="T")
+    ask.add_argument("--seed", type=_seed, metavar="S")
+    ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+    profiles = sub.add_parser("profiles", help="list or show profiles")
+    psub = profiles.add_subparsers(dest="profiles_command", metavar="ACTION", required=True)
+    psub.add_parser("list", help="every profile, shipped and user")
+    show = psub.add_parser("show", help="a profile's resolved settings as TOML")
+    show.add_argument("name")
+
+    sessions = sub.add_parser("sessions", help="manage stored sessions")
+    ssub = sessions.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
+    sl = ssub.add_parser("list", help="most recent first")
+    sl.add_argument("--json", action="store_true")
+    ss = ssub.add_parser("show", help="print a session's messages")
+    ss.add_argument("id")
+    se = ssub.add_parser("export", help="export as Markdown or JSON")
+    se.add_argument("id")
+    se.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    se.add_argument("--output", "-o", metavar="FILE", help="write here instead of stdout")
+    si = ssub.add_parser("import", help="import a JSON export as a new session")
+    si.add_argument("file")
+    sf = ssub.add_parser("fork", help="a new session sharing the history up to a message")
+    sf.add_argument("id")
+    sf.add_argument("--at", type=int, metavar="MESSAGE_ID",
+                    help="last message to keep (default: the last one)")
+    sd = ssub.add_parser("delete", help="delete a session and its messages")
+    sd.add_argument("id")
+    sr = ssub.add_parser("rename", help="set a session's title")
+    sr.add_argument("id")
+    sr.add_argument("title")
+    sq = ssub.add_parser("search", help="search message text")
+    sq.add_argument("query")
+
+    bench = sub.add_parser("bench", help="measure prefill, decode, TTFT and engine overhead")
+    bench.add_argument("--model", metavar="PATH", help="GGUF to measure instead of the profile's")
+    bench.add_argument("--profile", dest="bench_profile", metavar="NAME")
+    bench.add_argument("--prefill-sizes", default="512,2048,8192", metavar="N,N,...",
+                       help="prompt sizes in tokens (capped by n_ctx)")
+    bench.add_argument("--decode-tokens", type=_positive, default=256, metavar="N")
+    bench.add_argument("--repeats", type=_positive, default=3, metavar="N")
+    bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
+
+    fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")
+    fetch.add_argument("--force", action="store_true", help="download again even if present")
+    fetch.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _setup_logging() -> None:
+    try:
+        llama_log.setup_file_logging(str(locations.log_path()))
+    except OSError as exc:  # logging must never stop the app
+        print(f"velo-chat: warning: cannot write the log: {exc}", file=sys.stderr)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    from .commands import ask, bench, config, fetch, profiles, sessions
+
+    if args.print_config:
+        return config.print_config(args.profile)
+    handlers = {
+        "ask": ask.run, "profiles": profiles.run, "sessions": sessions.run, "bench": bench.run,
+        "fetch-model": fetch.run,
+    }
+    if args.command is None:
+        from .tui import run_tui
+
+        return run_tui(args.profile)
+    return handlers[args.command](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    try:
+        return dispatch(args)
+    except (UserError, ProfileError, *USER_ERRORS) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"velo-chat: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("velo-chat: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `velo-chat sessions show ... | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""`velo-chat ask`: one turn in a stored session, streamed to stdout (or one JSON object)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
+
+from ..conversation import begin_turn, engine_messages, record
+from ..errors import UserError
+from .common import load_engine, open_store, override_sampling, resolve_profile
+
+
+def _read_prompt(raw: str) -> str:
+    text = sys.stdin.read() if raw == "-" else raw
+    if not text.strip():
+        raise UserError("the prompt is empty")
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = _read_prompt(args.prompt)
+    with open_store() as store:
+        session = store.get_session(store.resolve_id(args.session)) if args.session else None
+        profile_name = args.ask_profile or args.profile or (session.profile if session else None)
+        profile = override_sampling(resolve_profile(profile_name), temperature=args.temperature,
+                                    seed=args.seed, max_tokens=args.max_tokens)
+        with load_engine(profile, args.model, quiet=args.json) as engine:
+            system_prompt = session.system_prompt if session else profile.system_prompt
+            stored = store.messages(session.id) if session else []
+            messages = engine_messages(system_prompt, stored) + [ChatMessage("user", prompt)]
+            events = engine.turn(messages)  # raises on a prompt that does not fit: nothing saved
+            if session is None:
+                session = store.create_session(profile.name, system_prompt=system_prompt,
+                                               model_fingerprint=engine.model.fingerprint)
+            turn = begin_turn(store, session, prompt)
+            done: TurnDone | None = None
+            failed: TurnFailed | None = None
+            for event in record(events, turn):
+                if isinstance(event, TokenDelta) and not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                elif isinstance(event, TurnDone):
+                    done = event
+                elif isinstance(event, TurnFailed):
+                    failed = event
+    if failed is not None:
+        raise UserError(f"the turn failed: {failed.reason}")
+    assert done is not None
+    if args.json:
+        print(json.dumps({"text": done.text, "session_id": session.id,
+                          "stats": done.stats.to_json()}, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+    return 0

@@ -1,0 +1,43 @@
+"""`velo-chat bench`: run the measuring instrument (`engine/bench.py`) and print its numbers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from velo_chat.engine.bench import format_table, run_bench
+
+from ..errors import UserError
+from .common import load_engine, resolve_profile
+
+
+def _sizes(raw: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(s) for s in raw.split(",") if s.strip())
+    except ValueError:
+        raise UserError(f"--prefill-sizes must be numbers separated by commas, got {raw!r}") \
+            from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise UserError(f"--prefill-sizes must be positive numbers, got {raw!r}")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = _sizes(args.prefill_sizes)
+    profile = resolve_profile(args.bench_profile or args.profile)
+    quiet = args.json or not sys.stderr.isatty()
+
+    def note(text: str) -> None:
+        if not quiet:
+            sys.stderr.write(f"\r\033[Kbench: {text}")
+            sys.stderr.flush()
+
+    with load_engine(profile, args.model, quiet=args.json) as engine:
+        result = run_bench(engine, profile_name=profile.name, prefill_sizes=sizes,
+                           decode_tokens=args.decode_tokens, repeats=args.repeats,
+                           on_progress=note)
+    if not quiet:
+        sys.stderr.write("\r\033[K")
+    print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))
+    return 0

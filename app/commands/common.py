@@ -1,0 +1,50 @@
+"""Helpers the CLI commands share: which profile, opening the store, loading an engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from velo_chat.engine import locations
+from velo_chat.engine.engine import Engine
+from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.profiles import active_profile_name, load_profile
+from velo_chat.store import SessionStore
+
+
+def resolve_profile(name: str | None) -> Profile:
+    return load_profile(name or active_profile_name())
+
+
+def open_store() -> SessionStore:
+    return SessionStore(locations.database_path())
+
+
+def override_sampling(profile: Profile, *, temperature: float | None = None,
+                      seed: int | None = None, max_tokens: int | None = None) -> Profile:
+    changes = {k: v for k, v in (("temperature", temperature), ("seed", seed),
+                                  ("max_tokens", max_tokens)) if v is not None}
+    if not changes:
+        return profile
+    return dataclasses.replace(profile, sampling=dataclasses.replace(profile.sampling, **changes))
+
+
+def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> Engine:
+    """Load the engine, showing load progress on stderr when it is a terminal."""
+    engine = Engine(profile, model_path=model)
+    show = not quiet and sys.stderr.isatty()
+    last = [-1]
+
+    def on_event(event: object) -> None:
+        progress = getattr(event, "progress", None)
+        if show and progress is not None and int(progress * 20) != last[0]:
+            last[0] = int(progress * 20)
+            sys.stderr.write(f"\rloading {engine.model_path.name} {progress:4.0%}")
+            sys.stderr.flush()
+
+    try:
+        engine.load(on_event)
+    finally:
+        if show:
+            sys.stderr.write("\r\033[K")
+    return engine

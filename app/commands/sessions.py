@@ -1,0 +1,94 @@
+"""`velo-chat sessions list|show|export|import|fork|delete|rename|search`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from velo_chat.store import SessionStore
+
+from ..errors import UserError
+from .common import open_store
+
+
+def _when(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def _write(text: str, output: str | None) -> None:
+    if output is None:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {output}: {exc.strerror}") from None
+    print(f"wrote {output}", file=sys.stderr)
+
+
+def _list(store: SessionStore, args: argparse.Namespace) -> None:
+    sessions = store.list_sessions()
+    if args.json:
+        print(json.dumps([{"id": s.id, "title": s.title, "profile": s.profile,
+                           "created_at": s.created_at, "updated_at": s.updated_at}
+                          for s in sessions], ensure_ascii=False, indent=2))
+        return
+    for s in sessions:
+        print(f"{s.id[:8]}  {_when(s.updated_at)}  {s.profile:<14} {s.title or '(untitled)'}")
+
+
+def _show(store: SessionStore, args: argparse.Namespace) -> None:
+    session_id = store.resolve_id(args.id)
+    s = store.get_session(session_id)
+    print(f"# {s.title or '(untitled)'}  [{s.id}]  profile {s.profile}")
+    for m in store.messages(session_id):
+        flag = "" if m.status == "complete" else f" ({m.status})"
+        print(f"\n## {m.role} #{m.id}{flag}\n{m.content}")
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_store() as store:
+        action = args.sessions_command
+        if action == "list":
+            _list(store, args)
+        elif action == "show":
+            _show(store, args)
+        elif action == "export":
+            session_id = store.resolve_id(args.id)
+            if args.format == "json":
+                text = json.dumps(store.export_json(session_id), ensure_ascii=False, indent=2)
+            else:
+                text = store.export_markdown(session_id)
+            _write(text, args.output)
+        elif action == "import":
+            try:
+                data = Path(args.file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise UserError(f"cannot read {args.file}: {exc}") from None
+            s = store.import_json(data)
+            print(s.id)
+        elif action == "fork":
+            session_id = store.resolve_id(args.id)
+            at = args.at
+            if at is None:
+                messages = store.messages(session_id)
+                if not messages:
+                    raise UserError("the session has no messages to fork from")
+                at = messages[-1].id
+            print(store.fork(session_id, at).id)
+        elif action == "delete":
+            session_id = store.resolve_id(args.id)
+            store.delete(session_id)
+            print(f"deleted {session_id}", file=sys.stderr)
+        elif action == "rename":
+            s = store.rename(store.resolve_id(args.id), args.title)
+            print(f"{s.id[:8]}  {s.title}")
+        elif action == "search":
+            for hit in store.search(args.query):
+                title = hit.session.title or "(untitled)"
+                print(f"{hit.session.id[:8]}  #{hit.message.id} {hit.message.role:<9} {title}: "
+                      f"{hit.snippet}")
+    return 0

@@ -1,0 +1,22 @@
+"""Which exceptions are the user's doing: the CLI prints them as one line and exits 2."""
+
+from __future__ import annotations
+
+from velo_chat.engine.chat_template import ChatTemplateError
+from velo_chat.engine.default_model import DefaultModelMissing
+from velo_chat.engine.engine import PromptTooLong
+from velo_chat.engine.gguf_file import GGUFError
+from velo_chat.engine.llama_context import ContextCreateError
+from velo_chat.engine.llama_model import ModelLoadError
+from velo_chat.engine.profiles import ProfileError
+from velo_chat.store import StoreError
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for (a bad argument, an empty prompt)."""
+
+
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    UserError, ProfileError, GGUFError, ModelLoadError, ContextCreateError, DefaultModelMissing,
+    PromptTooLong, ChatTemplateError, StoreError,
+)

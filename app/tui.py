@@ -1,0 +1,13 @@
+"""Start the TUI (a minimal placeholder until the TUI issue lands the real screens)."""
+
+from __future__ import annotations
+
+from velo_chat.engine.profiles import active_profile_name, load_profile
+
+
+def run_tui(profile_name: str | None) -> int:
+    from .app import make_app
+
+    profile = load_profile(profile_name or active_profile_name())
+    make_app(profile).run()
+    return 0

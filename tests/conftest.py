@@ -1,0 +1,59 @@
+"""Shared fixtures: the real SmolLM2 GGUF, an isolated VELO_CHAT_HOME, a loaded engine.
+
+Engine tests use real llama.cpp on real models (CONVENTIONS.md): the embedded SmolLM2-135M is
+fetched once into the user's data dir by `make test`'s bootstrap (or here, if missing), and each
+test gets its own VELO_CHAT_HOME with the model linked in, so nothing a test writes leaks out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from velo_chat.engine import default_model
+from velo_chat.engine.engine import Engine
+
+from tests.support.engine_helpers import test_profile
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The verified SmolLM2-135M-Instruct GGUF in the real data dir (fetched if missing)."""
+    saved = os.environ.pop("VELO_CHAT_HOME", None)
+    try:
+        return default_model.fetch_default_model()
+    finally:
+        if saved is not None:
+            os.environ["VELO_CHAT_HOME"] = saved
+
+
+@pytest.fixture
+def velo_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_path: Path) -> Path:
+    """An empty VELO_CHAT_HOME with the default model linked in (as if fetched)."""
+    home = tmp_path / "home"
+    models = home / "data" / "models"
+    models.mkdir(parents=True)
+    (models / smollm2_path.name).symlink_to(smollm2_path)
+    monkeypatch.setenv("VELO_CHAT_HOME", str(home))
+    assert default_model.is_present()
+    return home
+
+
+@pytest.fixture
+def bare_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty VELO_CHAT_HOME with no model at all."""
+    home = tmp_path / "bare"
+    monkeypatch.setenv("VELO_CHAT_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def smol_engine(smollm2_path: Path) -> Iterator[Engine]:
+    """One loaded SmolLM2 engine for the session; tests call `reset()` when they need cold."""
+    engine = Engine(test_profile(smollm2_path))
+    engine.load()
+    yield engine
+    engine.close()

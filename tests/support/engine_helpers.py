@@ -1,0 +1,36 @@
+"""Helpers for engine and CLI tests: a small test profile and running the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.profiles import build_profile
+
+
+def test_profile(model_path: Path, **sections: dict) -> Profile:
+    """A small, fast profile for engine tests (2 threads: more than the cores is 35x slower)."""
+    data = {
+        "model": {"path": str(model_path)},
+        "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2},
+        "sampling": {"temperature": 0.0, "max_tokens": 64},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    return build_profile("test", data)
+
+
+test_profile.__test__ = False  # a helper, not a test
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+            timeout: float = 300):
+    """Run the real `velo-chat` console entry point in a subprocess."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "velo_chat.app.cli", *args], capture_output=True, text=True,
+        env=full_env, input=stdin, timeout=timeout,
+    )
