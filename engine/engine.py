@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import default_model
@@ -32,6 +33,15 @@ from .profile_schema import Profile, SamplingSettings
 from .sampling import Sampler
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumePreview:
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    source: str  # "live", "ram", "disk" or "none"
+    est_prefill_s: float | None  # None until a prefill rate has been measured
 
 
 class PromptTooLong(ValueError):
@@ -123,6 +133,26 @@ class Engine:
     def tokens_for(self, messages: Sequence[ChatMessage]) -> list[int]:
         model, _ = self._require()
         return model.tokenize_prompt(model.chat_template.render(messages))
+
+    def preview(self, messages: Sequence[ChatMessage]) -> ResumePreview:
+        """How much the next turn would reuse, without touching the context (the UI shows this
+        before sending): cached tokens, tokens to prefill, estimated prefill seconds."""
+        model, _ = self._require()
+        tokens = self.tokens_for(messages)
+        cached, source = self._best_prefix(tokens)
+        tail = len(tokens) - cached
+        rate = self.last_prefill_tok_s
+        return ResumePreview(len(tokens), cached, tail, source,
+                             tail / rate if rate else None)
+
+    def _best_prefix(self, tokens: Sequence[int]) -> tuple[int, str]:
+        """The longest prefix of `tokens` the next turn can start from, and where it is."""
+        model, _ = self._require()
+        common = common_prefix(self.live_tokens, tokens)
+        keep = min(common, len(tokens) - 1)
+        if model.hybrid and keep < len(self.live_tokens):
+            keep = 0
+        return keep, ("live" if keep else "none")
 
     def turn(self, messages: Sequence[ChatMessage], *, sampling: SamplingSettings | None = None,
              max_tokens: int | None = None, cancel: threading.Event | None = None,

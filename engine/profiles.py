@@ -248,3 +248,19 @@ def active_profile_name() -> str:
     if not isinstance(name, str):
         raise ProfileError(f"{path}: active_profile must be a string")
     return name
+
+
+def set_active_profile(name: str) -> None:
+    """Make `name` the active profile (checked to exist and be valid), keeping the rest of
+    settings.toml as it was."""
+    load_profile(name)
+    path = settings_path()
+    lines = []
+    if path.exists():
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines()
+                 if not ln.strip().startswith("active_profile")]
+    text = "\n".join([f"active_profile = {_toml_value(name)}", *lines]).rstrip() + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
