@@ -1,0 +1,1 @@
+"""Modal screens that return typed values: confirm, text prompt, error, pickers."""

@@ -1,0 +1,1 @@
+"""Full screens of the TUI, one per file: chat, settings, help."""

@@ -1,0 +1,1 @@
+"""The message composer (multi-line input with history)."""

@@ -1,0 +1,1 @@
+"""The profile form of the settings screen."""

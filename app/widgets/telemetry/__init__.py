@@ -1,0 +1,1 @@
+"""The live speed panel and the pure meters behind it."""

@@ -1,0 +1,1 @@
+"""The transcript: streamed Markdown messages, thinking blocks, copy helpers."""
