@@ -29,5 +29,5 @@ except Exception as e:
 print(r["device"], r["table"]["mode"], "|", r["table"]["mode_reason"])
 for case in ("per_token", "batch_512"):
     c = r[case]
-    print(case, {k: (v["median"] if isinstance(v, dict) else v) for k, v in c.items()})
+    print(case, {k: (v.get("median", v) if isinstance(v, dict) else v) for k, v in c.items()})
 PY

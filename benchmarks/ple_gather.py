@@ -10,12 +10,15 @@ The table is an IQ4_NL tensor of 160-value rows (as in Qwen3.8-Flash-Next) of >=
   a_stock        CPU gather + dequant (C, OpenMP, as ggml's get_rows) into a pinned buffer,
                  cudaMemcpyAsync H2D, stream sync: what llama.cpp does today;
   a_stock_graph  the same, then the model's compute (a CUDA graph of a dummy consumer) + sync;
-  b_inplace      row ids H2D (pinned, async) + the in-place gather kernel + sync;
-  b_kernel_gpu   GPU time of the gather kernel alone (CUDA events, back-to-back launches);
-  c_graph        one CUDA graph: row ids H2D + gather kernel + dummy consumer, replay + sync;
-  c_graph_hash   the same graph fed with token ids, hashing on the GPU first;
-  c_graph_staged CPU raw-row gather into pinned memory, then a graph: raw H2D + dequant + consumer;
-  graph_dummy    the consumer graph alone (subtract it to get the PLE share of c_*).
+  b_inplace      the in-place gather kernel (row ids read from pinned memory) + sync;
+  b_inplace_copy_ids  the same with the row ids copied H2D first;
+  b_staged       CPU raw-row gather into pinned memory, H2D copy, dequant kernel + sync;
+  c_graph        one CUDA graph: in-place gather + dummy consumer, replay + sync;
+  c_graph_copy_ids / c_graph_staged  the graph forms of the two variants above;
+  c_graph_hash   a graph fed with token ids: GPU hash, in-place gather, consumer;
+  graph_dummy    the consumer graph alone (subtract it to get the PLE share of c_*);
+  kernel_gpu_us  GPU time of one gather kernel (graph of 50, CUDA events): whole table, a
+                 64 MiB window, and that window in device memory.
 Times are host wall-clock microseconds per iteration (median, p10, p90), each iteration ending in a
 stream synchronize, with row sets rotated over random rows of the whole table.
 """
@@ -98,9 +101,10 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     host_ptr = host.ctypes.data
     s = cupy.cuda.Stream(non_blocking=True)
     sp = s.ptr
-    out = cupy.empty((n_tokens, N_HEADS * ROW_DIM), dtype=cupy.float32)
-    pinned_out = cupyx.empty_pinned((n_tokens, N_HEADS * ROW_DIM), dtype=np.float32)
-    pageable_out = np.empty((n_tokens, N_HEADS * ROW_DIM), dtype=np.float32)
+    shape = (n_tokens, N_HEADS * ROW_DIM)
+    out = cupy.empty(shape, dtype=cupy.float32)
+    pinned_out = cupyx.empty_pinned(shape, dtype=np.float32)
+    pageable_out = np.empty(shape, dtype=np.float32)
     idx_pinned = cupyx.empty_pinned(n_out, dtype=np.int32)
     idx_dev = cupy.empty(n_out, dtype=cupy.int32)
     raw_pinned = cupyx.empty_pinned((n_out, rb), dtype=np.uint8)
@@ -108,23 +112,21 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     err = cupy.zeros(3, dtype=cupy.int32)
     out_p, idx_pin_p, idx_dev_p = out.data.ptr, idx_pinned.ctypes.data, idx_dev.data.ptr
     raw_pin_p, raw_dev_p = raw_pinned.ctypes.data, raw_dev.data.ptr
+    pin_out_p, page_out_p = pinned_out.ctypes.data, pageable_out.ctypes.data
     n_blocks = max(1, min(264, (n_out * ROW_DIM) // 4096))
     y = cupy.empty(n_blocks, dtype=cupy.float32)
     consumer, consumer_args = kernel("dummy_consumer"), (out, np.int64(out.size), y)
     memcpy = cupy.cuda.runtime.memcpyAsync
     nbytes_out = n_out * ROW_DIM * 4
-    inplace = GatherLaunch(table.device_ptr, table.n_rows, table.ggml_type, ROW_DIM, idx_dev, n_out, out, err)
-    staged = GatherLaunch(raw_dev_p, n_out, table.ggml_type, ROW_DIM, None, n_out, out, err)
-
-    # every path is checked against the reference before it is timed
-    ref = gather_dequant(host, table.ggml_type, ROW_DIM, row_sets[0])
-    gather_c(host_ptr, rb, ROW_DIM, row_ptrs[0], n_out, pinned_out.ctypes.data)
-    assert np.array_equal(pinned_out.view(np.uint32), ref.view(np.uint32)), "C gather != reference"
+    dev_ptr, n_rows, gtype = table.device_ptr, table.n_rows, table.ggml_type
+    inplace_zc = GatherLaunch(dev_ptr, n_rows, gtype, ROW_DIM, idx_pin_p, n_out, out, err)  # zero-copy ids
+    inplace = GatherLaunch(dev_ptr, n_rows, gtype, ROW_DIM, idx_dev, n_out, out, err)
+    staged = GatherLaunch(raw_dev_p, n_out, gtype, ROW_DIM, None, n_out, out, err)
 
     def consume() -> None:
         consumer((n_blocks,), (256,), consumer_args, stream=s)
 
-    def a_stock(i: int, dst: int = pinned_out.ctypes.data) -> None:
+    def a_stock(i: int, dst: int = pin_out_p) -> None:
         gather_c(host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, dst)
         memcpy(out_p, dst, nbytes_out, 1, sp)
         s.synchronize()
@@ -132,46 +134,56 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     def feed_idx(i: int) -> None:
         ctypes.memmove(idx_pin_p, row_ptrs[i % n_sets], n_out * 4)
 
-    def b_inplace(i: int) -> None:
+    def feed_raw(i: int) -> None:
+        gather_raw_c(host_ptr, rb, row_ptrs[i % n_sets], n_out, raw_pin_p)
+
+    def b_inplace(i: int) -> None:  # ids read by the kernel from pinned memory
         feed_idx(i)
-        memcpy(idx_dev_p, idx_pin_p, n_out * 4, 1, sp)
-        inplace(s)
+        inplace_zc(sp)
         s.synchronize()
 
-    def capture(body: Callable[[], None]) -> Any:
+    def b_inplace_copy_ids(i: int) -> None:  # ids copied to the device first
+        feed_idx(i)
+        memcpy(idx_dev_p, idx_pin_p, n_out * 4, 1, sp)
+        inplace(sp)
+        s.synchronize()
+
+    def b_staged(i: int) -> None:
+        feed_raw(i)
+        memcpy(raw_dev_p, raw_pin_p, n_out * rb, 1, sp)
+        staged(sp)
+        s.synchronize()
+
+    def capture(*steps: Callable[[], None]) -> Any:
         s.begin_capture()
-        body()
+        for step in steps:
+            step()
         return s.end_capture()
 
-    def inplace_body() -> None:
+    def copy_ids() -> None:
         memcpy(idx_dev_p, idx_pin_p, n_out * 4, 1, sp)
-        inplace(s)
-        consume()
 
-    def staged_body() -> None:
+    def copy_raw() -> None:
         memcpy(raw_dev_p, raw_pin_p, n_out * rb, 1, sp)
-        staged(s)
-        consume()
 
-    # GPU hash from token ids of one sequence; 16 heads (n-gram orders 2..5) spread over the table
+    # GPU hash from the token ids of one sequence; 16 heads (n-gram orders 2..5) over the table
     spec = PleHashSpec(ngram_size=5, heads_per_ngram=4, eos_token_id=0,
                        layer_multipliers=tuple(int(x) for x in rng.integers(1, 2**63, size=5)),
-                       head_offsets=tuple(h * (table.n_rows // 16) for h in range(16)),
-                       head_vocab_sizes=(table.n_rows // 16,) * 16)
-    dspec = DeviceHashSpec(spec)
+                       head_offsets=tuple(h * (n_rows // 16) for h in range(16)),
+                       head_vocab_sizes=(n_rows // 16,) * 16)
     n_seq = n_tokens + spec.n_prev
     tok_sets = rng.integers(1, 150_000, size=(n_sets, n_seq)).astype(np.int32)
     tok_pinned = cupyx.empty_pinned(n_seq, dtype=np.int32)
-    tok_dev = cupy.empty(n_seq, dtype=cupy.int32)
+    hash_zc = DeviceHashSpec(spec).launch(tok_pinned.ctypes.data, None, spec.n_prev, n_tokens, idx_dev)
 
-    def hash_body() -> None:
-        memcpy(tok_dev.data.ptr, tok_pinned.ctypes.data, n_seq * 4, 1, sp)
-        dspec.hash_seq(tok_dev, spec.n_prev, n_tokens, idx_dev, s)
-        inplace(s)
-        consume()
+    def feed_tok(i: int) -> None:
+        tok_pinned[:] = tok_sets[i % n_sets]
 
-    g_dummy, g_inplace = capture(consume), capture(inplace_body)
-    g_staged, g_hash = capture(staged_body), capture(hash_body)
+    g_dummy = capture(consume)
+    g_inplace = capture(lambda: inplace_zc(sp), consume)
+    g_copy_ids = capture(copy_ids, lambda: inplace(sp), consume)
+    g_staged = capture(copy_raw, lambda: staged(sp), consume)
+    g_hash = capture(lambda: hash_zc(sp), lambda: inplace(sp), consume)
 
     def graph_run(g: Any, feed: Callable[[int], None] | None = None) -> Callable[[int], None]:
         def run(i: int) -> None:
@@ -181,77 +193,115 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
             s.synchronize()
         return run
 
-    def feed_raw(i: int) -> None:
-        gather_raw_c(host_ptr, rb, row_ptrs[i % n_sets], n_out, raw_pin_p)
-
-    def feed_tok(i: int) -> None:
-        tok_pinned[:] = tok_sets[i % n_sets]
-
     def a_stock_graph(i: int) -> None:
         a_stock(i)
         g_dummy.launch(s)
         s.synchronize()
 
-    for g, feed in ((g_inplace, feed_idx), (g_staged, feed_raw)):
+    # every path must reproduce the reference bit for bit before it is timed
+    ref = gather_dequant(host, gtype, ROW_DIM, row_sets[0])
+    bits = ref.view(np.uint32)
+    a_stock(0)
+    assert np.array_equal(out.get().view(np.uint32), bits), "stock path != reference"
+    for name, fn in (("b_inplace", b_inplace), ("b_inplace_copy_ids", b_inplace_copy_ids),
+                     ("b_staged", b_staged), ("c_graph", graph_run(g_inplace, feed_idx)),
+                     ("c_graph_copy_ids", graph_run(g_copy_ids, feed_idx)),
+                     ("c_graph_staged", graph_run(g_staged, feed_raw))):
         out.fill(0)
-        graph_run(g, feed)(0)
-        assert np.array_equal(out.get().view(np.uint32), ref.view(np.uint32)), "graph path != reference"
-    b_inplace(0)
-    assert np.array_equal(out.get().view(np.uint32), ref.view(np.uint32)), "b path != reference"
+        fn(0)
+        assert np.array_equal(out.get().view(np.uint32), bits), f"{name} != reference"
     graph_run(g_hash, feed_tok)(3)
-    want = gather_dequant(host, table.ggml_type, ROW_DIM,
+    want = gather_dequant(host, gtype, ROW_DIM,
                           ple_rows(spec, tok_sets[3][spec.n_prev:], tok_sets[3][: spec.n_prev]))
-    assert np.array_equal(out.get().view(np.uint32), want.view(np.uint32)), "hash graph != reference"
+    assert np.array_equal(out.get().view(np.uint32), want.view(np.uint32)), "c_graph_hash != reference"
 
     warm = max(20, iters // 10)
     res: dict[str, Any] = {"n_tokens": n_tokens, "rows": n_out, "bytes_gathered": n_out * rb,
                            "bytes_out_f32": nbytes_out}
-    res["a_stock"] = timeit(a_stock, iters, warm)
-    res["a_stock_pageable_dst"] = timeit(lambda i: a_stock(i, pageable_out.ctypes.data), iters, warm)
-    res["a_cpu_gather_only"] = timeit(
-        lambda i: gather_c(host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, pinned_out.ctypes.data),
-        iters, warm)
-    res["b_inplace"] = timeit(b_inplace, iters, warm)
-    res["graph_dummy"] = timeit(graph_run(g_dummy), iters, warm)
-    res["a_stock_graph"] = timeit(a_stock_graph, iters, warm)
-    res["c_graph"] = timeit(graph_run(g_inplace, feed_idx), iters, warm)
-    res["c_graph_hash"] = timeit(graph_run(g_hash, feed_tok), iters, warm)
-    res["c_graph_staged"] = timeit(graph_run(g_staged, feed_raw), iters, warm)
+    timed = {
+        "a_stock": a_stock,
+        "a_stock_pageable_dst": lambda i: a_stock(i, page_out_p),
+        "a_cpu_gather_only": lambda i: gather_c(host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, pin_out_p),
+        "b_inplace": b_inplace,
+        "b_inplace_copy_ids": b_inplace_copy_ids,
+        "b_staged": b_staged,
+        "graph_dummy": graph_run(g_dummy),
+        "a_stock_graph": a_stock_graph,
+        "c_graph": graph_run(g_inplace, feed_idx),
+        "c_graph_copy_ids": graph_run(g_copy_ids, feed_idx),
+        "c_graph_hash": graph_run(g_hash, feed_tok),
+        "c_graph_staged": graph_run(g_staged, feed_raw),
+    }
+    for name, fn in timed.items():
+        res[name] = timeit(fn, iters, warm)
     assert not int(err.get()[0]), "a timed gather saw an out-of-range row"
-    # GPU-side time of the gather kernel alone: back-to-back launches between two events
-    reps = 200
-    idx_sets = cupy.asarray(row_sets[: min(n_sets, reps)].reshape(-1, n_out))
-    plans = [GatherLaunch(table.device_ptr, table.n_rows, table.ggml_type, ROW_DIM, idx_sets[k],
-                          n_out, out, err) for k in range(idx_sets.shape[0])]
-    e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
-    e0.record(s)
-    for i in range(reps):
-        plans[i % len(plans)](s)
-    e1.record(s)
-    e1.synchronize()
-    res["b_kernel_gpu_us"] = round(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / reps, 2)
-    res["kernel_read_GBps"] = round(n_out * rb / (res["b_kernel_gpu_us"] * 1e3), 2)
+    res["kernel_gpu_us"] = kernel_times(table, n_tokens, rng, out, err, s)
     dummy = res["graph_dummy"]["median"]
     res["ple_share_c_graph_us"] = round(res["c_graph"]["median"] - dummy, 2)
     res["ple_share_a_stock_graph_us"] = round(res["a_stock_graph"]["median"] - dummy, 2)
     return res
 
 
+def kernel_times(table: Any, n_tokens: int, rng: np.random.Generator, out: Any, err: Any, s: Any) -> dict[str, Any]:
+    """GPU time of one gather kernel (a graph of 50 back-to-back gathers, timed with events),
+    for rows spread over the whole table, rows within a 64 MiB window of it, and the same window
+    copied to device memory: separates PCIe latency, GPU TLB misses on host pages, and the kernel."""
+    import cupy
+
+    from velo_chat.kernels.cuda_kernels import GatherLaunch
+
+    n_out, reps = n_tokens * N_HEADS, 50
+    window = (64 << 20) // table.row_bytes
+    dev_window = cupy.asarray(table.host[:window])
+    cases = {
+        "host_random_whole_table": (table.device_ptr, table.n_rows),
+        "host_64MiB_window": (table.device_ptr, window),
+        "device_64MiB_window": (dev_window.data.ptr, window),
+    }
+    res: dict[str, Any] = {}
+    for name, (ptr, span) in cases.items():
+        ids = cupy.asarray(rng.integers(0, span, size=(reps, n_out)).astype(np.int32))
+        plans = [GatherLaunch(ptr, span, table.ggml_type, ROW_DIM, ids[k], n_out, out, err) for k in range(reps)]
+        s.begin_capture()
+        for p in plans:
+            p(s.ptr)
+        g = s.end_capture()
+        g.launch(s)
+        e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+        times = []
+        for _ in range(5):
+            e0.record(s)
+            g.launch(s)
+            e1.record(s)
+            e1.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(e0, e1) * 1e3 / reps)
+        us = float(np.median(times))
+        res[name] = {"us": round(us, 2), "GBps": round(n_out * table.row_bytes / (us * 1e3), 2)}
+    return res
+
+
 def calibrate(iters: int) -> dict[str, Any]:
     import cupy
 
-    from velo_chat.kernels.cuda_kernels import kernel
+    from velo_chat.kernels.cuda_kernels import _Launch, kernel
 
     s = cupy.cuda.Stream(non_blocking=True)
     x, y = cupy.zeros(256, cupy.float32), cupy.zeros(1, cupy.float32)
     k, args = kernel("dummy_consumer"), (x, np.int64(256), y)
+    prepared = _Launch("dummy_consumer", 256, [ctypes.c_uint64(x.data.ptr), ctypes.c_int64(256),
+                                               ctypes.c_uint64(y.data.ptr)])
 
-    def launch_sync(i: int) -> None:
+    def cupy_launch_sync(i: int) -> None:
         k((1,), (256,), args, stream=s)
         s.synchronize()
 
+    def ctypes_launch_sync(i: int) -> None:
+        prepared(s.ptr)
+        s.synchronize()
+
     return {"sync_idle_stream": timeit(lambda i: s.synchronize(), iters, 50),
-            "tiny_kernel_launch_from_python_and_sync": timeit(launch_sync, iters, 50)}
+            "tiny_kernel_cupy_launch_and_sync": timeit(cupy_launch_sync, iters, 50),
+            "tiny_kernel_prepared_launch_and_sync": timeit(ctypes_launch_sync, iters, 50)}
 
 
 def main(argv: list[str] | None = None) -> int:

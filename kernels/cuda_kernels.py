@@ -16,11 +16,14 @@ in an int32[3] error word (flag, output row, bad index) that `PleTable` checks.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
 
+from .cudart import PackedArgs, launch_kernel
 from .dequant import ggml_type_id, row_nbytes
 from .ple_hash import PleHashSpec
 
@@ -155,6 +158,16 @@ def kernel(name: str) -> Any:
     return _module(cupy.cuda.Device().id).get_function(name)
 
 
+class _StreamHandle:
+    """A raw cudaStream_t presented through the CUDA stream protocol (CuPy's from_external)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 def as_stream(stream: Any) -> Any:
     """Accept a raw cudaStream_t (int), a CuPy stream, or None (the current stream)."""
     import cupy
@@ -162,22 +175,50 @@ def as_stream(stream: Any) -> Any:
     if stream is None:
         return cupy.cuda.get_current_stream()
     if isinstance(stream, int):
-        return cupy.cuda.ExternalStream(stream)
+        try:  # CuPy 14 deprecates ExternalStream in favour of the stream protocol
+            return cupy.cuda.Stream.from_external(_StreamHandle(stream))
+        except (AttributeError, TypeError, ValueError):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return cupy.cuda.ExternalStream(stream)
     return stream
 
 
+def stream_ptr(stream: Any) -> int:
+    """The raw cudaStream_t of a raw handle, a CuPy stream, or None (the current stream)."""
+    if isinstance(stream, int):
+        return stream
+    return int(as_stream(stream).ptr)
+
+
 def _ptr(buf: Any) -> int:
+    """Device address of a CuPy array, or an address given as an int."""
     return int(buf) if isinstance(buf, (int, np.integer)) else int(buf.data.ptr)
 
 
-class GatherLaunch:
+class _Launch:
+    """A kernel launch with its arguments packed once; calling it launches on a stream."""
+
+    def __init__(self, name: str, n_threads: int, args: list[ctypes._SimpleCData]) -> None:
+        self.func = int(kernel(name).kernel.ptr)  # the CUfunction behind CuPy's RawKernel
+        self.grid = max(1, min((n_threads + BLOCK - 1) // BLOCK, 65535 * 16))
+        self.empty = n_threads == 0
+        self.args = PackedArgs(args)
+
+    def __call__(self, stream: Any = None) -> None:
+        if not self.empty:
+            launch_kernel(self.func, self.grid, BLOCK, self.args, stream_ptr(stream))
+
+
+class GatherLaunch(_Launch):
     """One prepared gather + dequantize of `n_out_rows` rows into float32 `out`.
 
-    `rows` is a device int32 array (or address) of n_out_rows indices, or None for rows 0..n-1
-    (the staged path, where the rows were already gathered); `table_ptr` must be readable by the
-    device; `err` is a device int32[3] error word. Arguments are packed once, so a hot loop or a
-    CUDA graph capture pays only the launch. Buffers are bound by address: keep them alive.
-    Calling it launches asynchronously on the given stream.
+    `rows` is an int32 array of n_out_rows indices readable by the device (a CuPy array, or the
+    address of device or pinned host memory), or None for rows 0..n-1 (the staged path, where the
+    rows were already gathered); `table_ptr` must be readable by the device; `err` is a device
+    int32[3] error word. Buffers are bound by address: keep them alive. Calling it launches
+    asynchronously on the given stream (raw handle, CuPy stream, or None for the current one),
+    also inside a CUDA graph capture.
     """
 
     def __init__(
@@ -195,19 +236,11 @@ class GatherLaunch:
         rb = row_nbytes(t, row_dim)
         if table_ptr % (4 if t == 0 else 2):
             raise ValueError(f"table address {table_ptr:#x} is not aligned for its type")
-        total = n_out_rows * row_dim
-        self.grid = (max(1, min((total + BLOCK - 1) // BLOCK, 65535 * 16)),)
-        self.empty = total == 0
-        self.args = (
-            np.uint64(table_ptr), np.int64(n_table_rows), np.int64(rb), np.int32(row_dim),
-            np.int32(t), np.uint64(0 if rows is None else _ptr(rows)), np.int64(n_out_rows),
-            np.uint64(_ptr(out)), np.uint64(_ptr(err)),
-        )
-        self.fn = kernel("ple_gather_dequant")
-
-    def __call__(self, stream: Any = None) -> None:
-        if not self.empty:
-            self.fn(self.grid, (BLOCK,), self.args, stream=as_stream(stream))
+        u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+        super().__init__("ple_gather_dequant", n_out_rows * row_dim, [
+            u64(table_ptr), i64(n_table_rows), i64(rb), i32(row_dim), i32(t),
+            u64(0 if rows is None else _ptr(rows)), i64(n_out_rows), u64(_ptr(out)), u64(_ptr(err)),
+        ])
 
 
 class DeviceHashSpec:
@@ -221,19 +254,20 @@ class DeviceHashSpec:
         self.offs = cupy.asarray(np.asarray(spec.head_offsets, dtype=np.uint32))
         self.vocab = cupy.asarray(np.asarray(spec.head_vocab_sizes, dtype=np.uint32))
 
-    def _launch(self, tok: Any, prev: Any, n_hist: int, n_tokens: int, rows_out: Any, stream: Any) -> None:
-        s, n = self.spec, n_tokens * self.spec.n_heads
-        if n == 0:
-            return
-        args = (np.uint64(_ptr(tok)), np.uint64(0 if prev is None else _ptr(prev)), np.int64(n_hist),
-                np.int64(n_tokens), np.int32(s.n_prev), np.int32(s.n_heads), np.int32(s.heads_per_ngram),
-                np.int64(s.eos_token_id), self.mult, self.offs, self.vocab, np.uint64(_ptr(rows_out)))
-        kernel("ple_hash")(((n + BLOCK - 1) // BLOCK,), (BLOCK,), args, stream=as_stream(stream))
+    def launch(self, tok: Any, prev: Any, n_hist: int, n_tokens: int, rows_out: Any) -> _Launch:
+        """A prepared hash launch (see ple_hash in CUDA_SOURCE for `prev` None vs given)."""
+        s = self.spec
+        u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+        return _Launch("ple_hash", n_tokens * s.n_heads, [
+            u64(_ptr(tok)), u64(0 if prev is None else _ptr(prev)), i64(n_hist), i64(n_tokens),
+            i32(s.n_prev), i32(s.n_heads), i32(s.heads_per_ngram), i64(s.eos_token_id),
+            u64(_ptr(self.mult)), u64(_ptr(self.offs)), u64(_ptr(self.vocab)), u64(_ptr(rows_out)),
+        ])
 
     def hash_prev(self, tokens: Any, prev: Any, n_tokens: int, rows_out: Any, stream: Any = None) -> None:
         """rows_out int32 [n_tokens * n_heads] from device tokens [n] and prev [n, n_prev]."""
-        self._launch(tokens, prev, 0, n_tokens, rows_out, stream)
+        self.launch(tokens, prev, 0, n_tokens, rows_out)(stream)
 
     def hash_seq(self, seq: Any, n_hist: int, n_tokens: int, rows_out: Any, stream: Any = None) -> None:
         """rows_out for the last n_tokens of device `seq` (one sequence, from its start)."""
-        self._launch(seq, None, n_hist, n_tokens, rows_out, stream)
+        self.launch(seq, None, n_hist, n_tokens, rows_out)(stream)

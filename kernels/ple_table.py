@@ -40,6 +40,12 @@ Mode = Literal["pageable", "registered", "staged"]
 MODES: tuple[Mode, ...] = ("pageable", "registered", "staged")
 PLE_TENSOR = "per_layer_token_embd.weight"
 
+# In `registered` mode, host-side gathers of more rows than this take the staged path: over PCIe
+# the GPU's random 90-byte reads of an 8 GiB registered table run at ~3.7 GB/s (GPU TLB misses
+# on 4 KiB host pages), so a 512-token prefill (8,192 rows) took 223 us in place against 73 us
+# staged on the H200 (benchmarks/README.md). Decode-sized gathers stay in place.
+STAGE_ABOVE_ROWS = 1024
+
 
 class PleTableError(RuntimeError):
     """A requested mode cannot be used here; the message says why."""
@@ -63,11 +69,13 @@ class PleTable:
         *,
         mode: Mode | Literal["auto"] = "auto",
         max_register_fraction: float = 0.5,
+        stage_above_rows: int | None = STAGE_ABOVE_ROWS,
         device: int | None = None,
     ) -> None:
         import cupy
 
         self.loc = loc
+        self.stage_above_rows = stage_above_rows
         self.ggml_type, self.row_dim, self.n_rows = loc.ggml_type, loc.row_dim, loc.n_rows
         self.row_bytes = loc.row_bytes
         self.max_register_fraction = max_register_fraction
@@ -93,7 +101,6 @@ class PleTable:
             self.device_ptr = self._enable(self.mode)
             self._err = cupy.zeros(3, dtype=np.int32)
             self._idx_pinned: np.ndarray | None = None
-            self._idx_dev: Any = None
             self._raw_pinned: np.ndarray | None = None
             self._raw_dev: Any = None
             self._staging_done = cupy.cuda.Event(disable_timing=True)
@@ -174,27 +181,32 @@ class PleTable:
             "path": str(self.loc.path), "tensor": self.loc.name, "type": self.loc.type_name,
             "row_dim": self.row_dim, "n_rows": self.n_rows, "bytes": self.loc.nbytes,
             "mode": self.mode, "mode_reason": self.mode_reason, "access": self.access.as_dict(),
+            "stage_above_rows": self.stage_above_rows if self.mode == "registered" else None,
         }
 
-    def _grow(self, n_rows_out: int) -> None:
+    def _stages(self, n_out: int) -> bool:
+        if self.mode == "staged":
+            return True
+        return (self.mode == "registered" and self.stage_above_rows is not None
+                and n_out > self.stage_above_rows)
+
+    def _grow(self, n_rows_out: int, staged: bool) -> None:
         import cupy
         import cupyx
 
-        if self._idx_pinned is None or self._idx_pinned.size < n_rows_out:
-            cap = max(n_rows_out, 64)
-            self._idx_pinned = cupyx.empty_pinned(cap, dtype=np.int32)
-            self._idx_dev = cupy.empty(cap, dtype=np.int32)
-            if self.mode == "staged":
-                self._raw_pinned = cupyx.empty_pinned((cap, self.row_bytes), dtype=np.uint8)
-                self._raw_dev = cupy.empty((cap, self.row_bytes), dtype=np.uint8)
+        if staged and (self._raw_pinned is None or self._raw_pinned.shape[0] < n_rows_out):
+            self._raw_pinned = cupyx.empty_pinned((n_rows_out, self.row_bytes), dtype=np.uint8)
+            self._raw_dev = cupy.empty((n_rows_out, self.row_bytes), dtype=np.uint8)
+        if not staged and (self._idx_pinned is None or self._idx_pinned.size < n_rows_out):
+            self._idx_pinned = cupyx.empty_pinned(max(n_rows_out, 64), dtype=np.int32)
 
     def gather(self, rows: Any, out: Any, *, stream: Any = None) -> None:
         """Gather + dequantize `rows` [n_tokens, n_heads] into float32 `out` [n_tokens, n_heads*row_dim].
 
-        `rows` may be a numpy array (checked here, then copied through a pinned buffer) or a
-        device int32 array (checked in the kernel). Asynchronous on `stream` (raw handle, CuPy
-        stream or None for the current one), except that host-side staging first waits for the
-        previous call's copies so the pinned buffers can be reused.
+        `rows` may be a numpy array (checked here, then written to a pinned buffer that the kernel
+        reads directly: no copy node) or a device int32 array (checked in the kernel).
+        Asynchronous on `stream` (raw handle, CuPy stream or None for the current one), except
+        that host rows first wait for the previous host-row call so the pinned buffers can be reused.
         """
         import cupy
 
@@ -206,7 +218,7 @@ class PleTable:
             raise ValueError(f"out must be contiguous float32 with {n_out * self.row_dim} values")
         with self._device:
             strm = as_stream(stream)
-            if self.mode == "staged" and on_device:
+            if self.mode == "staged" and on_device:  # (registered mode reads device rows in place)
                 log.debug("staged PLE gather pulls device rows back to the host (synchronizes)")
                 rows, on_device = rows.get(stream=strm), False
             if on_device:
@@ -216,20 +228,19 @@ class PleTable:
                              n_out, out, self._err)(strm)
                 return
             idx = check_rows(rows, self.n_rows).reshape(-1)
-            self._staging_done.synchronize()  # the previous copies out of the pinned buffers are done
-            self._grow(n_out)
-            if self.mode == "staged":
+            self._staging_done.synchronize()  # the previous reads of the pinned buffers are done
+            staged = self._stages(n_out)
+            self._grow(n_out, staged)
+            if staged:
                 np.take(self._host, idx, axis=0, out=self._raw_pinned[:n_out])
                 cupy.cuda.runtime.memcpyAsync(self._raw_dev.data.ptr, self._raw_pinned.ctypes.data,
                                               n_out * self.row_bytes, 1, strm.ptr)
                 GatherLaunch(self._raw_dev.data.ptr, n_out, self.ggml_type, self.row_dim, None,
                              n_out, out, self._err)(strm)
             else:
-                self._idx_pinned[:n_out] = idx
-                cupy.cuda.runtime.memcpyAsync(self._idx_dev.data.ptr, self._idx_pinned.ctypes.data,
-                                              n_out * 4, 1, strm.ptr)
+                self._idx_pinned[:n_out] = idx  # pinned host memory is device-readable (UVA)
                 GatherLaunch(self.device_ptr, self.n_rows, self.ggml_type, self.row_dim,
-                             self._idx_dev, n_out, out, self._err)(strm)
+                             self._idx_pinned.ctypes.data, n_out, out, self._err)(strm)
             self._staging_done.record(strm)
 
     def raise_on_bad_rows(self, stream: Any = None) -> None:

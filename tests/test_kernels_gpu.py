@@ -126,16 +126,18 @@ def test_gather_bit_exact(tmp_path: Path, rng: np.random.Generator, mode: str, g
     n_rows = int(rng.integers(3000, 5000))
     path = tmp_path / "t.gguf"
     _write_table(path, ggml_type, row_dim, random_table(ggml_type, n_rows, row_dim, rng))
-    with _open(path, mode, max_register_fraction=0.9) as table:
-        assert table.mode == mode
-        for n_tokens in (1, 512):
-            rows = rng.integers(0, n_rows, size=(n_tokens, N_HEADS)).astype(np.int32)
-            rows[0, :3] = [0, n_rows - 1, 0]  # first, last, repeated
-            rows[-1, -2:] = n_rows - 1
-            _check_gather(table, rows)
-        # a raw stream handle, as llama.cpp would pass its cudaStream_t
-        s = cupy.cuda.Stream(non_blocking=True)
-        _check_gather(table, rng.integers(0, n_rows, size=(3, N_HEADS)).astype(np.int32), s.ptr)
+    # registered mode gathers big host-row batches staged; stage_above_rows=None keeps them in place
+    for stage_above in ((1024, None) if mode == "registered" else (1024,)):
+        with _open(path, mode, max_register_fraction=0.9, stage_above_rows=stage_above) as table:
+            assert table.mode == mode
+            for n_tokens in (1, 512):
+                rows = rng.integers(0, n_rows, size=(n_tokens, N_HEADS)).astype(np.int32)
+                rows[0, :3] = [0, n_rows - 1, 0]  # first, last, repeated
+                rows[-1, -2:] = n_rows - 1
+                _check_gather(table, rows)
+            # a raw stream handle, as llama.cpp would pass its cudaStream_t
+            s = cupy.cuda.Stream(non_blocking=True)
+            _check_gather(table, rng.integers(0, n_rows, size=(3, N_HEADS)).astype(np.int32), s.ptr)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -191,8 +193,10 @@ def big_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_table_larger_than_8_gib(big_table: Path, rng: np.random.Generator, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "stage_above"), [
+    ("pageable", None), ("registered", None), ("registered", 1024), ("staged", None)])
+def test_table_larger_than_8_gib(big_table: Path, rng: np.random.Generator, mode: str,
+                                 stage_above: int | None) -> None:
     rb = row_nbytes(GGML_TYPE_IQ4_NL, 160)
     from velo_chat.kernels.gguf_tensor import locate_tensor
 
@@ -207,7 +211,7 @@ def test_table_larger_than_8_gib(big_table: Path, rng: np.random.Generator, mode
         for r, data in zip(rows.reshape(-1), fresh):
             f.seek(loc.offset + int(r) * rb)
             f.write(data.tobytes())
-    with _open(big_table, mode, max_register_fraction=0.9) as table:
+    with _open(big_table, mode, max_register_fraction=0.9, stage_above_rows=stage_above) as table:
         assert table.mode == mode
         assert int(rows.max()) * rb > 2**32  # past 32-bit byte offsets
         _check_gather(table, rows)
