@@ -12,8 +12,8 @@ import ctypes
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 C_SOURCE = r"""
 #include <stdint.h>
@@ -46,7 +46,8 @@ void gather_iq4_nl(const uint8_t *table, long long row_bytes, int row_dim,
 void gather_raw(const uint8_t *table, long long row_bytes, const int32_t *rows, long long n,
                 uint8_t *out) {
     #pragma omp parallel for schedule(static) if (n >= 256)
-    for (long long o = 0; o < n; ++o) memcpy(out + o * row_bytes, table + (long long) rows[o] * row_bytes, row_bytes);
+    for (long long o = 0; o < n; ++o)
+        memcpy(out + o * row_bytes, table + (long long) rows[o] * row_bytes, row_bytes);
 }
 """
 

@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -221,7 +222,8 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     timed = {
         "a_stock": a_stock,
         "a_stock_pageable_dst": lambda i: a_stock(i, page_out_p),
-        "a_cpu_gather_only": lambda i: gather_c(host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, pin_out_p),
+        "a_cpu_gather_only":
+            lambda i: gather_c(host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, pin_out_p),
         "b_inplace": b_inplace,
         "b_inplace_copy_ids": b_inplace_copy_ids,
         "b_staged": b_staged,
@@ -242,7 +244,9 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     return res
 
 
-def kernel_times(table: Any, n_tokens: int, rng: np.random.Generator, out: Any, err: Any, s: Any) -> dict[str, Any]:
+def kernel_times(
+    table: Any, n_tokens: int, rng: np.random.Generator, out: Any, err: Any, s: Any
+) -> dict[str, Any]:
     """GPU time of one gather kernel (a graph of 50 back-to-back gathers, timed with events),
     for rows spread over the whole table, rows within a 64 MiB window of it, and the same window
     copied to device memory: separates PCIe latency, GPU TLB misses on host pages, and the kernel."""
@@ -261,7 +265,8 @@ def kernel_times(table: Any, n_tokens: int, rng: np.random.Generator, out: Any, 
     res: dict[str, Any] = {}
     for name, (ptr, span) in cases.items():
         ids = cupy.asarray(rng.integers(0, span, size=(reps, n_out)).astype(np.int32))
-        plans = [GatherLaunch(ptr, span, table.ggml_type, ROW_DIM, ids[k], n_out, out, err) for k in range(reps)]
+        plans = [GatherLaunch(ptr, span, table.ggml_type, ROW_DIM, ids[k], n_out, out, err)
+                 for k in range(reps)]
         s.begin_capture()
         for p in plans:
             p(s.ptr)

@@ -141,7 +141,7 @@ extern "C" __global__ void dummy_consumer(const float * __restrict__ x, long lon
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(device: int) -> Any:
     import cupy
 

@@ -52,7 +52,7 @@ class PleHashSpec:
             raise ValueError(f"ple.head_offsets and ple.head_vocab_sizes must have {n} entries")
         if any(not 0 <= m <= _U64 for m in self.layer_multipliers):
             raise ValueError("ple.layer_multipliers must be uint64")
-        for o, v in zip(self.head_offsets, self.head_vocab_sizes):
+        for o, v in zip(self.head_offsets, self.head_vocab_sizes, strict=True):
             if v <= 0 or o < 0 or o + v > 2**31 - 1:
                 raise ValueError("a PLE head range does not fit the int32 row index")
 
@@ -67,7 +67,7 @@ class PleHashSpec:
     @property
     def min_table_rows(self) -> int:
         """Rows the table needs so that every hashed index is in range."""
-        return max(o + v for o, v in zip(self.head_offsets, self.head_vocab_sizes))
+        return max(o + v for o, v in zip(self.head_offsets, self.head_vocab_sizes, strict=True))
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike[str], arch: str | None = None) -> PleHashSpec:

@@ -245,7 +245,6 @@ class PleTable:
 
     def raise_on_bad_rows(self, stream: Any = None) -> None:
         """Synchronize `stream` and raise IndexError if a device-side index was out of range."""
-        import cupy
 
         with self._device:
             strm = as_stream(stream)
@@ -284,4 +283,4 @@ class PleTable:
             try:
                 self.close()
             except Exception:  # noqa: BLE001 - the CUDA context may already be gone
-                pass
+                log.debug("unregistering at garbage collection failed", exc_info=True)

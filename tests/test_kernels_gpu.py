@@ -24,7 +24,7 @@ from velo_chat.kernels.dequant import (
     row_nbytes,
 )
 from velo_chat.kernels.gguf_tensor import write_single_tensor_gguf
-from velo_chat.kernels.ple_hash import PleHashSpec, prev_tokens, ple_rows, ple_rows_from_prev
+from velo_chat.kernels.ple_hash import PleHashSpec, ple_rows, ple_rows_from_prev, prev_tokens
 
 pytestmark = pytest.mark.gpu
 
@@ -208,7 +208,7 @@ def test_table_larger_than_8_gib(big_table: Path, rng: np.random.Generator, mode
     rows[1, :] = n - 1
     fresh = random_table(GGML_TYPE_IQ4_NL, rows.size, 160, rng)
     with open(big_table, "r+b") as f:  # fresh random bytes in every row read (never zeros)
-        for r, data in zip(rows.reshape(-1), fresh):
+        for r, data in zip(rows.reshape(-1), fresh, strict=True):
             f.seek(loc.offset + int(r) * rb)
             f.write(data.tobytes())
     with _open(big_table, mode, max_register_fraction=0.9, stage_above_rows=stage_above) as table:

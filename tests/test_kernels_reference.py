@@ -19,8 +19,8 @@ from velo_chat.kernels.dequant import (
     GGML_TYPE_F32,
     GGML_TYPE_IQ4_NL,
     GGML_TYPE_Q8_0,
-    SUPPORTED_TYPES,
     KVALUES_IQ4NL,
+    SUPPORTED_TYPES,
     check_rows,
     dequantize_rows,
     gather_dequant,
@@ -28,7 +28,7 @@ from velo_chat.kernels.dequant import (
     row_nbytes,
 )
 from velo_chat.kernels.gguf_tensor import locate_tensor, write_single_tensor_gguf
-from velo_chat.kernels.ple_hash import PleHashSpec, prev_tokens, ple_rows, ple_rows_from_prev
+from velo_chat.kernels.ple_hash import PleHashSpec, ple_rows, ple_rows_from_prev, prev_tokens
 
 M64 = (1 << 64) - 1
 EOS = 2
