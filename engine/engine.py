@@ -1,18 +1,18 @@
 """The in-process engine: one model, one context, one live sequence, turns as event iterators.
 
 `Engine.turn(messages)` renders the whole conversation with the model's chat template, tokenizes
-it, reuses the longest usable prefix of what the context already holds, prefills the rest one
-ubatch at a time and decodes token by token. Everything it has to say comes out as events
-(`events.py`); it never prints and never imports the UI.
+it, starts from the longest usable prefix it already has — the live context, a RAM checkpoint or
+a disk checkpoint — prefills the rest one ubatch at a time and decodes token by token
+(`turn_runner.py`). Everything it has to say comes out as events (`events.py`); it never prints
+and never imports the UI.
 
 Prefix reuse follows the memory type (DESIGN.md): an attention-only model may truncate its live
-sequence to the common prefix (`seq_rm`), a hybrid/recurrent one may only continue exactly from
-what it holds (llama.cpp cannot rewind recurrent state).
+sequence (or a restored checkpoint) to the common prefix with `seq_rm`; a hybrid/recurrent one
+may only continue exactly from a state saved after a prefix of the new tokens.
 """
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import logging
 import threading
@@ -21,18 +21,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import default_model
+import numpy as np
+
+from . import default_model, locations
 from .chat_template import ChatMessage
-from .events import (
-    EngineEvent, ModelLoaded, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnFailed,
-    TurnStarted, TurnStats,
-)
-from .llama_context import DecodeError, LlamaContext
+from .checkpoints import Candidate, Checkpoints
+from .events import EngineEvent, ModelLoaded, ModelLoading
+from .llama_context import LlamaContext
 from .llama_model import LlamaModel
 from .profile_schema import Profile, SamplingSettings
-from .sampling import Sampler
+from .turn_runner import TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
+
+
+RESTORE_MIN_GAIN = 32
+"""Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
+the whole state, roughly the cost of prefilling a few dozen tokens)."""
 
 
 @dataclass(frozen=True)
@@ -58,20 +63,23 @@ def resolve_model_path(profile: Profile, override: str | Path | None = None) -> 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 class Engine:
-    """Owns the model and context. Not thread-safe: one turn at a time, from one thread."""
+    """Owns the model, the context and the checkpoints. Not thread-safe: one call at a time."""
 
-    def __init__(self, profile: Profile, *, model_path: str | Path | None = None) -> None:
+    def __init__(self, profile: Profile, *, model_path: str | Path | None = None,
+                 checkpoint_root: Path | None = None) -> None:
         self.profile = profile
         self.model_path = resolve_model_path(profile, model_path)
+        self.checkpoint_root = checkpoint_root
         self.model: LlamaModel | None = None
         self.ctx: LlamaContext | None = None
+        self.checkpoints: Checkpoints | None = None
         self.live_tokens: list[int] = []
         self.last_prefill_tok_s: float | None = None
 
@@ -95,6 +103,11 @@ class Engine:
             raise
         self.model, self.ctx = model, ctx
         self.live_tokens = []
+        if self.profile.checkpoints.enabled:
+            self.checkpoints = Checkpoints(
+                self.profile.checkpoints, fingerprint=model.fingerprint, ctx=ctx,
+                hybrid=model.hybrid, root=self.checkpoint_root or locations.checkpoints_dir(),
+            )
         loaded = ModelLoaded(
             path=str(self.model_path), architecture=model.architecture, n_params=model.n_params,
             size_bytes=model.size_bytes, n_ctx=ctx.n_ctx, n_threads=ctx.n_threads,
@@ -103,7 +116,15 @@ class Engine:
         emit(loaded)
         return loaded
 
+    def flush_checkpoints(self, timeout: float | None = None) -> bool:
+        """Wait until queued checkpoint writes are on disk."""
+        return self.checkpoints.flush(timeout) if self.checkpoints else True
+
     def close(self) -> None:
+        """Finish pending checkpoint writes, then free the context and the model."""
+        if self.checkpoints:
+            self.checkpoints.close()
+            self.checkpoints = None
         if self.ctx:
             self.ctx.close()
             self.ctx = None
@@ -118,7 +139,7 @@ class Engine:
         self.close()
 
     def reset(self) -> None:
-        """Forget the live sequence (the next turn prefills from scratch)."""
+        """Forget the live sequence (checkpoints stay)."""
         _, ctx = self._require()
         ctx.clear()
         self.live_tokens.clear()
@@ -128,31 +149,40 @@ class Engine:
             raise RuntimeError("Engine.load() must be called before a turn")
         return self.model, self.ctx
 
-    # -- turns ----------------------------------------------------------------------------------
+    # -- planning -------------------------------------------------------------------------------
 
     def tokens_for(self, messages: Sequence[ChatMessage]) -> list[int]:
         model, _ = self._require()
         return model.tokenize_prompt(model.chat_template.render(messages))
 
+    def _live_usable(self, tokens: Sequence[int]) -> int:
+        model, _ = self._require()
+        live = self.live_tokens
+        keep = min(common_prefix(live, tokens), len(tokens) - 1)
+        if model.hybrid and keep < len(live):
+            return 0  # a recurrent state cannot be rewound
+        return keep
+
+    def _plan(self, tokens: list[int]) -> tuple[int, str, Candidate | None]:
+        """The longest usable prefix and where it is. The live context costs nothing to reuse,
+        a checkpoint a copy of the whole state: one must save `RESTORE_MIN_GAIN` more tokens."""
+        live_n = self._live_usable(tokens)
+        cand = self.checkpoints.find(np.asarray(tokens, dtype=np.int32)) \
+            if self.checkpoints else None
+        if cand is not None and cand.n_tokens >= live_n + (RESTORE_MIN_GAIN if live_n else 1):
+            return cand.n_tokens, cand.source, cand
+        return live_n, ("live" if live_n else "none"), None
+
     def preview(self, messages: Sequence[ChatMessage]) -> ResumePreview:
         """How much the next turn would reuse, without touching the context (the UI shows this
         before sending): cached tokens, tokens to prefill, estimated prefill seconds."""
-        model, _ = self._require()
         tokens = self.tokens_for(messages)
-        cached, source = self._best_prefix(tokens)
+        cached, source, _ = self._plan(tokens)
         tail = len(tokens) - cached
         rate = self.last_prefill_tok_s
-        return ResumePreview(len(tokens), cached, tail, source,
-                             tail / rate if rate else None)
+        return ResumePreview(len(tokens), cached, tail, source, tail / rate if rate else None)
 
-    def _best_prefix(self, tokens: Sequence[int]) -> tuple[int, str]:
-        """The longest prefix of `tokens` the next turn can start from, and where it is."""
-        model, _ = self._require()
-        common = common_prefix(self.live_tokens, tokens)
-        keep = min(common, len(tokens) - 1)
-        if model.hybrid and keep < len(self.live_tokens):
-            keep = 0
-        return keep, ("live" if keep else "none")
+    # -- turns ----------------------------------------------------------------------------------
 
     def turn(self, messages: Sequence[ChatMessage], *, sampling: SamplingSettings | None = None,
              max_tokens: int | None = None, cancel: threading.Event | None = None,
@@ -163,7 +193,7 @@ class Engine:
         longer than the context. `ignore_eos` keeps decoding past end-of-generation tokens (the
         benchmark uses it to time a fixed number of tokens).
         """
-        model, ctx = self._require()
+        _, ctx = self._require()
         t_start = time.perf_counter()
         tokens = self.tokens_for(messages)
         if len(tokens) >= ctx.n_ctx:
@@ -174,118 +204,6 @@ class Engine:
         settings = sampling or self.profile.sampling
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
-        return self._run(tokens, settings, cancel or threading.Event(), t_start, ignore_eos)
-
-    def _reuse_live(self, tokens: list[int]) -> int:
-        """Make the context hold a prefix of `tokens` and return its length (0 = cold)."""
-        model, ctx = self._require()
-        live = self.live_tokens
-        common = common_prefix(live, tokens)
-        # At least one token must be decoded to get logits for the next one.
-        keep = min(common, len(tokens) - 1)
-        if keep == len(live) and keep > 0:
-            return keep
-        if keep > 0 and not model.hybrid and ctx.truncate(keep):
-            del live[keep:]
-            return keep
-        ctx.clear()
-        live.clear()
-        return 0
-
-    def _run(self, tokens: list[int], settings: SamplingSettings, cancel: threading.Event,
-             t_start: float, ignore_eos: bool) -> Iterator[EngineEvent]:
-        model, ctx = self._require()
-        cached = self._reuse_live(tokens)
-        source = "live" if cached else "none"
-        tail = tokens[cached:]
-        yield TurnStarted(len(tokens), cached, len(tail), source)
-
-        perf0 = ctx.perf()
-        text_parts: list[str] = []
-        decode_tokens = 0
-        finish = "stop"
-        t_prefill0 = time.perf_counter()
-        try:
-            # -- prefill, one ubatch per llama_decode so progress and cancel are per ubatch
-            step = ctx.n_ubatch
-            done = 0
-            while done < len(tail):
-                chunk = tail[done:done + step]
-                ctx.decode(chunk)
-                self.live_tokens.extend(chunk)
-                done += len(chunk)
-                elapsed = time.perf_counter() - t_prefill0
-                tok_s = done / elapsed if elapsed > 0 else 0.0
-                eta = (len(tail) - done) / tok_s if tok_s > 0 else 0.0
-                yield PrefillProgress(done, len(tail), tok_s, eta)
-                if cancel.is_set() and done < len(tail):
-                    finish = "cancelled"
-                    break
-            ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
-            t_prefill1 = time.perf_counter()
-            prefill_s = t_prefill1 - t_prefill0
-            if tail and finish != "cancelled":
-                self.last_prefill_tok_s = len(tail) / prefill_s if prefill_s > 0 else None
-            perf1 = ctx.perf()
-
-            # -- decode
-            t_first = t_last = None
-            if finish != "cancelled":
-                utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-                with Sampler(settings, model.n_vocab, tokens) as sampler:
-                    live = self.live_tokens
-                    n_ctx = ctx.n_ctx
-                    for _ in range(settings.max_tokens):
-                        token = sampler.sample(ctx.ctx)
-                        now = time.perf_counter()
-                        if t_first is None:
-                            t_first = now
-                        if model.is_eog(token) and not ignore_eos:
-                            break
-                        t_last = now
-                        decode_tokens += 1
-                        piece = utf8.decode(model.token_bytes(token), False)
-                        if piece:
-                            text_parts.append(piece)
-                        yield TokenDelta(piece, token, now)
-                        if cancel.is_set():
-                            finish = "cancelled"
-                            break
-                        if len(live) + 1 >= n_ctx:
-                            finish = "context"
-                            break
-                        if decode_tokens == settings.max_tokens:
-                            finish = "length"
-                            break
-                        rc = ctx.decode_one(token)
-                        if rc != 0:
-                            raise DecodeError(f"llama_decode failed during generation (code {rc})")
-                        live.append(token)
-                    tail_text = utf8.decode(b"", True)
-                    if tail_text:
-                        text_parts.append(tail_text)
-            t_end = time.perf_counter()
-        except DecodeError as exc:
-            log.warning("turn failed: %s", exc)
-            ctx.clear()  # a failed decode leaves the sequence in an unknown state: start cold
-            self.live_tokens.clear()
-            yield TurnFailed(str(exc), "".join(text_parts))
-            return
-        perf2 = ctx.perf()
-        decode_wall = (t_end - t_prefill1) if t_first is not None else 0.0
-        decode_span = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
-        decode_tok_s = (decode_tokens - 1) / decode_span if decode_tokens > 1 and decode_span > 0 \
-            else 0.0
-        stats = TurnStats(
-            ttft_s=(t_first - t_start) if t_first is not None else 0.0,
-            prompt_tokens=len(tokens), cached_tokens=cached, prefill_tokens=len(tail),
-            prefill_s=prefill_s,
-            prefill_tok_s=(len(tail) / prefill_s) if tail and prefill_s > 0 else 0.0,
-            decode_tokens=decode_tokens, decode_s=decode_span, decode_tok_s=decode_tok_s,
-            graphs_reused=perf2.n_reused - perf0.n_reused,
-            llama_eval_ms=perf2.eval_ms - perf1.eval_ms,
-            llama_prompt_eval_ms=perf1.prompt_eval_ms - perf0.prompt_eval_ms,
-            wall_ms=decode_wall * 1000.0, total_s=t_end - t_start, finish_reason=finish,
-            checkpoint={"source": source, "restore_s": 0.0},
-        )
-        yield TurnDone("".join(text_parts), stats)
+        plan = TurnPlan(tokens=tokens, sampling=settings, cancel=cancel or threading.Event(),
+                        t_start=t_start, ignore_eos=ignore_eos)
+        return run_turn(self, plan)

@@ -135,19 +135,31 @@ class LlamaContext:
     def state_size(self) -> int:
         return int(self._ll.llama_state_seq_get_size_ext(self.ctx, SEQ, 0))
 
-    def get_state(self) -> bytes:
-        """The full sequence state (attention KV + recurrent state; flags 0)."""
-        size = self.state_size()
-        buf = (ctypes.c_uint8 * size)()
-        n = self._ll.llama_state_seq_get_data_ext(self.ctx, buf, size, SEQ, 0)
-        return bytes(memoryview(buf)[:n])
+    def get_state(self) -> bytearray:
+        """The full sequence state (attention KV + recurrent state; flags 0), copied once.
 
-    def set_state(self, data: bytes) -> bool:
-        """Replace the sequence with a saved state; False if llama.cpp rejects it."""
+        A bytearray so llama.cpp writes straight into it; callers treat it as read-only."""
+        size = self.state_size()
+        data = bytearray(size)
+        buf = (ctypes.c_uint8 * size).from_buffer(data)
+        n = self._ll.llama_state_seq_get_data_ext(self.ctx, buf, size, SEQ, 0)
+        del buf
+        if n != size:
+            del data[n:]
+        return data
+
+    def set_state(self, data: bytes | bytearray | memoryview) -> bool:
+        """Replace the sequence with a saved state without copying the buffer in Python;
+        False if llama.cpp rejects it (the sequence is then left empty)."""
         self.clear()
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        n = self._ll.llama_state_seq_set_data_ext(self.ctx, buf, len(data), SEQ, 0)
-        if n == 0:
+        n = len(data)
+        if isinstance(data, bytes):
+            ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        else:
+            ptr = (ctypes.c_uint8 * n).from_buffer(data)
+        used = self._ll.llama_state_seq_set_data_ext(self.ctx, ptr, n, SEQ, 0)
+        del ptr
+        if used == 0:
             self.clear()
             return False
         return True

@@ -9,8 +9,9 @@ import pytest
 
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine, PromptTooLong
+from velo_chat.engine.turn_runner import Utf8Stream
 from velo_chat.engine.events import (
-    PrefillProgress, TokenDelta, TurnDone, TurnStarted,
+    CheckpointSaved, PrefillProgress, TokenDelta, TurnDone, TurnStarted,
 )
 
 from tests.support.engine_helpers import test_profile
@@ -41,6 +42,12 @@ def test_events_arrive_in_order_with_consistent_counts(smol_engine):
     smol_engine.reset()
     events = collect(smol_engine.turn(QUESTION, max_tokens=40))
     assert isinstance(events[0], TurnStarted)
+    saved = [e for e in events if isinstance(e, CheckpointSaved)]
+    # The end of the prefill (minus its last token) and the end of the reply.
+    assert [s.tokens for s in saved] == [events[0].prompt_tokens - 1,
+                                         len(smol_engine.live_tokens)]
+    assert all(s.bytes > 0 for s in saved)
+    events = [e for e in events if not isinstance(e, CheckpointSaved)]
     kinds = [type(e).__name__ for e in events]
     first_token = kinds.index("TokenDelta")
     assert set(kinds[1:first_token]) == {"PrefillProgress"}
@@ -78,7 +85,8 @@ def test_live_reuse_is_token_identical_to_a_cold_run(smollm2_path):
     between the warm follow-up and a cold run could only come from wrongly reused state.
     (With bigger batches llama.cpp's matmuls sum in a different order: cold and warm can then
     part ways on a near tie, which says nothing about the state.)"""
-    profile = test_profile(smollm2_path, context={"n_batch": 1, "n_ubatch": 1})
+    profile = test_profile(smollm2_path, context={"n_batch": 1, "n_ubatch": 1},
+                           checkpoints={"enabled": False})
     with Engine(profile) as engine:
         engine.load()
         first = done_of(collect(engine.turn(QUESTION, max_tokens=24)))
@@ -108,8 +116,10 @@ def test_cancel_mid_prefill_stops_within_one_ubatch(smol_engine):
     assert done.stats.finish_reason == "cancelled"
     assert done.text == "" and done.stats.decode_tokens == 0
     # The prefilled ubatch stays in the live context: the retry reuses it.
+    started = events[0]
+    assert isinstance(started, TurnStarted)
     retry = done_of(collect(smol_engine.turn(long_prompt, max_tokens=4)))
-    assert retry.stats.cached_tokens == smol_engine.ctx.n_ubatch
+    assert retry.stats.cached_tokens == started.cached_tokens + smol_engine.ctx.n_ubatch
 
 
 def test_cancel_mid_decode_stops_within_one_token_and_keeps_text(smol_engine):
@@ -130,19 +140,41 @@ def test_cancel_mid_decode_stops_within_one_token_and_keeps_text(smol_engine):
     assert done.text == "".join(d.text for d in deltas) != ""
 
 
-def test_utf8_multibyte_output_is_never_split(smol_engine):
-    smol_engine.reset()
+def test_utf8_multibyte_output_is_never_split(smollm2_path):
+    profile = test_profile(smollm2_path, checkpoints={"enabled": False})
     prompt = [ChatMessage("user", "Repeat exactly, nothing else: 😀🎉 日本語 ünïcödé 😀🎉 日本語")]
-    events = collect(smol_engine.turn(prompt, max_tokens=48))
-    deltas = [e for e in events if isinstance(e, TokenDelta)]
-    model = smol_engine.model
-    whole = b"".join(model.token_bytes(d.token_id) for d in deltas).decode("utf-8", "replace")
+    with Engine(profile) as engine:
+        engine.load()
+        events = collect(engine.turn(prompt, max_tokens=48))
+        deltas = [e for e in events if isinstance(e, TokenDelta)]
+        whole = b"".join(engine.model.token_bytes(d.token_id) for d in deltas)
     streamed = "".join(d.text for d in deltas)
-    assert streamed == whole == done_of(events).text
+    assert streamed == whole.decode("utf-8", "replace") == done_of(events).text
     assert "\ufffd" not in streamed
-    # The model really produced multi-byte characters, some of them split across tokens.
-    assert any(ord(c) > 0x7F for c in streamed)
-    assert any(d.text == "" for d in deltas), "expected a token holding a partial character"
+    assert any(ord(c) > 0x7F for c in streamed), "the model should echo multi-byte characters"
+
+
+def test_tokens_that_split_a_character_stream_nothing_until_it_completes(smol_engine):
+    """Byte-level BPE has tokens holding part of a UTF-8 character: the engine's decoder must
+    hold them back rather than emit a replacement character."""
+    model = smol_engine.model
+    tokens = model.tokenize("😀🎉 日本語 ✓", parse_special=False)
+    pieces = [model.token_bytes(t) for t in tokens]
+    partial = [p for p in pieces if _incomplete(p)]
+    assert partial, "this text should contain tokens with partial characters"
+    stream = Utf8Stream()
+    out = [stream.feed(p) for p in pieces] + [stream.finish()]
+    assert "".join(out) == "😀🎉 日本語 ✓"
+    assert all("\ufffd" not in piece for piece in out)
+    assert "" in out[:-1]
+
+
+def _incomplete(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def test_prompt_longer_than_context_is_rejected_before_any_event(smol_engine):

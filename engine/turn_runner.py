@@ -1,0 +1,218 @@
+"""One turn, as a generator of events: start from the best prefix, prefill, decode, save.
+
+Save points (when checkpoints are on): every `interval_tokens` absolute positions inside a long
+prefill, the end of the prefill *minus its last token* (a restored state carries no logits, so a
+regenerate restores there and decodes that one token to get them), and the end of the reply.
+The last prompt token is therefore always decoded on its own, cold or restored alike, so both
+paths run the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import time
+
+from .events import (
+    CheckpointSaved, EngineEvent, EngineWarning, PrefillProgress, TokenDelta, TurnDone,
+    TurnFailed, TurnStarted, TurnStats,
+)
+from .llama_context import DecodeError
+from .profile_schema import SamplingSettings
+from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class Utf8Stream:
+    """Turns token bytes into text without ever splitting a character: bytes of an unfinished
+    UTF-8 sequence wait for the token that completes them."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> str:
+        return self._decoder.decode(data, False)
+
+    def finish(self) -> str:
+        return self._decoder.decode(b"", True)
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    tokens: list[int]
+    sampling: SamplingSettings
+    cancel: threading.Event
+    t_start: float
+    ignore_eos: bool
+
+
+def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
+    """Make the context hold the best usable prefix of `tokens`; return (n, source, restore_s)."""
+    ctx = engine.ctx
+    assert ctx is not None
+    n, source, cand = engine._plan(tokens)
+    if cand is not None and engine.checkpoints is not None:
+        restored = engine.checkpoints.restore(ctx, cand)
+        if restored is not None:
+            engine.live_tokens = list(tokens[:restored.n_tokens])
+            return restored.n_tokens, source, restored.seconds
+        # The failed restore emptied the context: cold.
+        engine.live_tokens = []
+        return 0, "none", 0.0
+    live = engine.live_tokens
+    if n == 0:
+        ctx.clear()
+        live.clear()
+    elif n < len(live):
+        if ctx.truncate(n):
+            del live[n:]
+        else:
+            ctx.clear()
+            live.clear()
+            return 0, "none", 0.0
+    return n, source, 0.0
+
+
+def _prefill_stops(start: int, end: int, interval: int, save_last: bool) -> list[int]:
+    """Positions where the prefill pauses to save a checkpoint (the last one is `end`)."""
+    stops: set[int] = {end}
+    if save_last and end - 1 > start:
+        stops.add(end - 1)
+    if interval > 0:
+        first = (start // interval + 1) * interval
+        stops.update(range(first, end - 1, interval))
+    return sorted(s for s in stops if s > start)
+
+
+def _warnings(engine: Engine) -> list[EngineWarning]:
+    ck = engine.checkpoints
+    return [EngineWarning(w) for w in ck.take_warnings()] if ck else []
+
+
+def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
+    model, ctx = engine.model, engine.ctx
+    assert model is not None and ctx is not None
+    tokens, cancel, settings = plan.tokens, plan.cancel, plan.sampling
+    ck = engine.checkpoints
+
+    yield from _warnings(engine)  # e.g. a disk write that failed after the last turn
+    cached, source, restore_s = _prepare(engine, tokens)
+    tail_len = len(tokens) - cached
+    yield TurnStarted(len(tokens), cached, tail_len, source)
+    yield from _warnings(engine)
+
+    saved: list[dict[str, Any]] = []
+
+    def save_point() -> Iterator[EngineEvent]:
+        n, nbytes = ck.save(ctx, engine.live_tokens) if ck else (0, 0)
+        if n:
+            saved.append({"tokens": n, "bytes": nbytes})
+            yield CheckpointSaved(n, nbytes, "ram+disk" if ck.disk else "ram")
+        yield from _warnings(engine)
+
+    perf0 = ctx.perf()
+    text_parts: list[str] = []
+    decode_tokens = 0
+    finish = "stop"
+    t_prefill0 = time.perf_counter()
+    t_first = t_last = None
+    try:
+        # -- prefill, one ubatch per llama_decode, pausing at the save points
+        interval = ck.settings.interval_tokens if ck else 0
+        stops = _prefill_stops(cached, len(tokens), interval, save_last=ck is not None)
+        pos = cached
+        for stop in stops:
+            while pos < stop:
+                chunk = tokens[pos:min(stop, pos + ctx.n_ubatch)]
+                ctx.decode(chunk)
+                engine.live_tokens.extend(chunk)
+                pos += len(chunk)
+                done = pos - cached
+                elapsed = time.perf_counter() - t_prefill0
+                tok_s = done / elapsed if elapsed > 0 else 0.0
+                eta = (tail_len - done) / tok_s if tok_s > 0 else 0.0
+                yield PrefillProgress(done, tail_len, tok_s, eta)
+                if cancel.is_set() and pos < len(tokens):
+                    finish = "cancelled"
+                    break
+            if finish == "cancelled":
+                break
+            if stop < len(tokens):
+                yield from save_point()
+        ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
+        t_prefill1 = time.perf_counter()
+        prefill_s = t_prefill1 - t_prefill0
+        if tail_len and finish != "cancelled" and prefill_s > 0:
+            engine.last_prefill_tok_s = tail_len / prefill_s
+        perf1 = ctx.perf()
+
+        # -- decode
+        if finish != "cancelled":
+            utf8 = Utf8Stream()
+            with Sampler(settings, model.n_vocab, tokens) as sampler:
+                live = engine.live_tokens
+                n_ctx = ctx.n_ctx
+                for _ in range(settings.max_tokens):
+                    token = sampler.sample(ctx.ctx)
+                    now = time.perf_counter()
+                    if t_first is None:
+                        t_first = now
+                    if model.is_eog(token) and not plan.ignore_eos:
+                        break
+                    t_last = now
+                    decode_tokens += 1
+                    piece = utf8.feed(model.token_bytes(token))
+                    if piece:
+                        text_parts.append(piece)
+                    yield TokenDelta(piece, token, now)
+                    if cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    if len(live) + 1 >= n_ctx:
+                        finish = "context"
+                        break
+                    if decode_tokens == settings.max_tokens:
+                        finish = "length"
+                        break
+                    rc = ctx.decode_one(token)
+                    if rc != 0:
+                        raise DecodeError(f"llama_decode failed during generation (code {rc})")
+                    live.append(token)
+                tail_text = utf8.finish()
+                if tail_text:
+                    text_parts.append(tail_text)
+        t_end = time.perf_counter()
+        perf2 = ctx.perf()
+        if t_first is not None:
+            yield from save_point()  # the end of the reply: where a follow-up starts
+    except DecodeError as exc:
+        log.warning("turn failed: %s", exc)
+        ctx.clear()  # a failed decode leaves the sequence in an unknown state: start cold
+        engine.live_tokens.clear()
+        yield TurnFailed(str(exc), "".join(text_parts))
+        return
+    decode_wall = (t_end - t_prefill1) if t_first is not None else 0.0
+    span = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
+    stats = TurnStats(
+        ttft_s=(t_first - plan.t_start) if t_first is not None else 0.0,
+        prompt_tokens=len(tokens), cached_tokens=cached, prefill_tokens=tail_len,
+        prefill_s=prefill_s,
+        prefill_tok_s=(tail_len / prefill_s) if tail_len and prefill_s > 0 else 0.0,
+        decode_tokens=decode_tokens, decode_s=span,
+        decode_tok_s=(decode_tokens - 1) / span if decode_tokens > 1 and span > 0 else 0.0,
+        graphs_reused=perf2.n_reused - perf0.n_reused,
+        llama_eval_ms=perf2.eval_ms - perf1.eval_ms,
+        llama_prompt_eval_ms=perf1.prompt_eval_ms - perf0.prompt_eval_ms,
+        wall_ms=decode_wall * 1000.0, total_s=t_end - plan.t_start, finish_reason=finish,
+        checkpoint={"source": source, "restore_s": round(restore_s, 4), "saved": saved},
+    )
+    yield TurnDone("".join(text_parts), stats)
