@@ -1,30 +1,170 @@
-"""The Textual App subclass and the `make_app` factory the CLI and tests use."""
+"""The Textual App subclass and the `make_app` factory the CLI and the tests use.
+
+The app owns the long-lived things (the session store, the engine host, the active profile,
+app settings) and hands screens what they need; it holds no conversation state itself. Every
+source of variation between runs is injectable (engine factory, clocks, memory probe, cursor
+blink, loading the model at start) so snapshot tests are deterministic (CONVENTIONS.md).
+"""
 
 from __future__ import annotations
 
-from textual.app import App, ComposeResult
-from textual.widgets import Footer, Header, Static
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from velo_chat.engine.profile_schema import Profile
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+from textual.signal import Signal
+
+from velo_chat.engine import locations
+from velo_chat.engine.profile_schema import SECTIONS, Profile
+from velo_chat.store import SessionStore
+
+from . import keymap
+from .dialogs.confirm import ConfirmDialog
+from .engine_host import EngineFactory, EngineHost, real_engine
+from .settings import AppSettings, load_app_settings
+from .sysinfo import memory_probe as default_memory_probe
+from .widgets.telemetry.panel import MemoryProbe
+
+
+def reload_needed(old: Profile, new: Profile) -> str | None:
+    """"model" or "context" when going from `old` to `new` needs the engine rebuilt, else None
+    (sampling and display changes apply to the next turn)."""
+    if old.model != new.model:
+        return "model"
+    if old.context != new.context:
+        return "context"
+    for name in SECTIONS:
+        a, b = getattr(old, name), getattr(new, name)
+        for f in dataclasses.fields(a):
+            if f.metadata.get("reload") and getattr(a, f.name) != getattr(b, f.name):
+                return f.metadata["reload"]
+    return None
 
 
 class VeloChatApp(App[None]):
     TITLE = "velo-chat"
-    BINDINGS = [("ctrl+q", "quit", "Quit")]
+    CSS_PATH = "../assets/styles/app.tcss"
+    BINDINGS = keymap.bindings("app")
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, *, store: SessionStore, host: EngineHost,
+                 settings: AppSettings, clock: Callable[[], float], wall_clock:
+                 Callable[[], float], memory_probe: MemoryProbe, memory_interval: float | None,
+                 cursor_blink: bool, load_on_start: bool, turn_kwargs: dict[str, Any],
+                 owns_store: bool) -> None:
         super().__init__()
         self.profile = profile
+        self.store = store
+        self.host = host
+        self.settings = settings
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.memory_probe = memory_probe
+        self.memory_interval = memory_interval
+        self.cursor_blink = cursor_blink
+        self.load_on_start = load_on_start
+        self.turn_kwargs = turn_kwargs
+        self._owns_store = owns_store
+        self.profile_changed: Signal[Profile] = Signal(self, "profile-changed")
 
-    def compose(self) -> ComposeResult:
-        yield Header()
-        yield Static(
-            f"velo-chat — profile [b]{self.profile.name}[/b]\n\n"
-            "The chat screen arrives with the TUI issue; until then use `velo-chat ask`.",
-            id="placeholder",
-        )
-        yield Footer()
+    def on_mount(self) -> None:
+        from .screens.chat import ChatScreen
+
+        if self.settings.keymap:
+            self.set_keymap(self.settings.keymap)
+        for problem in self.settings.problems:
+            self.notify(problem, severity="warning", timeout=8)
+        self._apply_theme(self.profile)
+        self.push_screen(ChatScreen())
+
+    def _apply_theme(self, profile: Profile) -> None:
+        if profile.display.theme in self.available_themes:
+            self.theme = profile.display.theme
+
+    def on_unmount(self) -> None:
+        self.host.close()
+        if self._owns_store:
+            self.store.close()
+
+    # -- profiles -----------------------------------------------------------------------------
+
+    def use_profile(self, profile: Profile, *, ask: bool = True) -> None:
+        """Make `profile` the running one. Sampling/display changes apply to the next turn; a
+        change that needs the model or context rebuilt asks first, then reloads in background."""
+        old = self.profile
+        need = reload_needed(self.host.profile or old, profile)
+        self.profile = profile
+        self._apply_theme(profile)
+        self.profile_changed.publish(profile)
+        if need is None:
+            return
+        chat = next((s for s in self.screen_stack if s.id == "chat"), None)
+        if chat is None:
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                chat.reload_model(profile)
+            else:
+                self.notify(f"Keeping the loaded model; the {need} change applies after a "
+                            "reload.", timeout=6)
+
+        if not ask:
+            chat.reload_model(profile)
+            return
+        what = "load the model again" if need == "model" else "rebuild the context"
+        self.push_screen(ConfirmDialog("Reload needed", f"Profile {profile.name!r} needs to "
+                                       f"{what}. The live context is lost. Reload now?",
+                                       yes="Reload", no="Later"), answer)
+
+    # -- actions and the palette --------------------------------------------------------------
+
+    def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_settings(self) -> None:
+        from .screens.settings import SettingsScreen
+
+        if not isinstance(self.screen, SettingsScreen):
+            self.push_screen(SettingsScreen())
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """Textual's own commands (theme, keys, quit) plus every action in the keymap
+        catalogue that makes sense on this screen."""
+        yield from super().get_system_commands(screen)
+        scopes = {"settings"} if screen.id == "settings" else {"chat", "sessions", "message"}
+        for a in keymap.ACTIONS:
+            if a.scope == "app" and a.id != "app.quit":
+                yield SystemCommand(a.description, f"key: {self._key(a)}",
+                                    lambda a=a: self.run_action(a.action))
+            elif a.scope in scopes and (a.palette_action or a.scope != "message"):
+                action = a.palette_action or a.action
+                yield SystemCommand(a.description, f"key: {self._key(a)}",
+                                    lambda action=action: screen.run_action(action))
+
+    def _key(self, action: keymap.KeyAction) -> str:
+        return keymap.effective_key(action, self.settings.keymap)
 
 
-def make_app(profile: Profile) -> VeloChatApp:
-    return VeloChatApp(profile)
+def make_app(profile: Profile, *, engine_factory: EngineFactory = real_engine,
+             store: SessionStore | None = None, settings: AppSettings | None = None,
+             clock: Callable[[], float] = time.perf_counter,
+             wall_clock: Callable[[], float] = time.time,
+             memory_probe: MemoryProbe = default_memory_probe,
+             memory_interval: float | None = 2.0, cursor_blink: bool = True,
+             load_on_start: bool = True,
+             turn_kwargs: dict[str, Any] | None = None) -> VeloChatApp:
+    """Build the app. Tests pass a fake `engine_factory`, a store on a temp path, fixed clocks,
+    `cursor_blink=False` and `memory_interval=None`; the benchmark passes `turn_kwargs`."""
+    owns = store is None
+    return VeloChatApp(
+        profile, store=store or SessionStore(locations.database_path()),
+        host=EngineHost(engine_factory), settings=settings or load_app_settings(), clock=clock,
+        wall_clock=wall_clock, memory_probe=memory_probe, memory_interval=memory_interval,
+        cursor_blink=cursor_blink, load_on_start=load_on_start, turn_kwargs=turn_kwargs or {},
+        owns_store=owns)

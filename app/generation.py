@@ -1,0 +1,155 @@
+"""The body of the generation and preview workers, as plain functions (no widgets).
+
+`run_turn` does what `velo-chat ask` does (app/commands/ask.py): build the conversation, ask the
+engine for the turn first (a prompt that does not fit writes nothing), create the session if it
+is new, persist the user message and a placeholder reply, then record every event while turning
+it into a message for the screen via `post`. The screen's `@work` method calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual.message import Message
+
+from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.events import (
+    EngineWarning, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnFailed, TurnStarted,
+)
+from velo_chat.engine.profile_schema import Profile
+from velo_chat.store import Session, SessionStore
+
+from .conversation import begin_turn, engine_messages, record
+from .engine_host import EngineHost
+from .errors import USER_ERRORS
+from .messages import (
+    EngineNotice, ModelLoadFailed, ModelLoadProgress, ModelReady, PrefillUpdated, PreviewReady,
+    TokensStreamed, TurnAccepted, TurnBegan, TurnEnded, TurnRejected,
+)
+
+log = logging.getLogger(__name__)
+Post = Callable[[Message], Any]
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    text: str
+    session: Session | None  # None: create one when the engine accepts the turn
+    profile: Profile
+    turn_kwargs: dict[str, Any] = field(default_factory=dict)  # benchmarks: ignore_eos, ...
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.Event) -> None:
+    """Make and load an engine for `profile`, posting progress; errors become a message."""
+    with host.lock:
+        try:
+            engine = host.replace(profile)
+
+            def on_event(event: object) -> None:
+                if isinstance(event, ModelLoading):
+                    post(ModelLoadProgress(event.progress))
+
+            info = engine.load(on_event, cancel)
+        except USER_ERRORS as exc:
+            host.engine = None
+            post(ModelLoadFailed(one_line(exc)))
+            return
+        except Exception as exc:  # a bug, but the UI must say so instead of dying
+            log.exception("model load failed")
+            host.engine = None
+            post(ModelLoadFailed(f"{type(exc).__name__}: {one_line(exc)}"))
+            return
+    post(ModelReady(info))
+
+
+def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
+    system_prompt = req.session.system_prompt if req.session else req.profile.system_prompt
+    stored = store.messages(req.session.id) if req.session else []
+    return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)]
+
+
+def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post,
+             cancel: threading.Event, is_cancelled: Callable[[], bool]) -> None:
+    """One turn, start to end. Every outcome ends in exactly one TurnRejected or TurnEnded."""
+    with host.lock:
+        engine = host.engine
+        if engine is None or engine.model is None:
+            post(TurnRejected("the model is not loaded", req.text))
+            return
+        try:
+            events = engine.turn(_conversation(store, req), sampling=req.profile.sampling,
+                                 cancel=cancel, **req.turn_kwargs)
+            session, created = req.session, False
+            if session is None:
+                session = store.create_session(req.profile.name,
+                                               system_prompt=req.profile.system_prompt,
+                                               model_fingerprint=engine.model.fingerprint)
+                created = True
+            turn = begin_turn(store, session, req.text)
+        except USER_ERRORS as exc:
+            post(TurnRejected(one_line(exc), req.text))
+            return
+        user = store.messages(session.id)[-2]
+        post(TurnAccepted(store.get_session(session.id), created, user, turn.reply))
+        _stream(engine, turn, events, post, cancel, is_cancelled)
+
+
+def _stream(engine, turn, events, post: Post, cancel: threading.Event,
+            is_cancelled: Callable[[], bool]) -> None:
+    text = ""
+    n_tokens = 0
+    t_first = 0.0
+    stats = None
+    failed = None
+    try:
+        for event in record(events, turn):
+            if is_cancelled():
+                cancel.set()
+            if isinstance(event, TokenDelta):
+                n_tokens += 1
+                if n_tokens == 1:
+                    t_first = event.t
+                text += event.text
+                post(TokensStreamed(text, n_tokens, t_first, event.t))
+            elif isinstance(event, PrefillProgress):
+                post(PrefillUpdated(event))
+            elif isinstance(event, TurnStarted):
+                post(TurnBegan(event, engine.ctx.n_ctx))
+            elif isinstance(event, EngineWarning):
+                post(EngineNotice(event.message))
+            elif isinstance(event, TurnDone):
+                stats = event.stats
+            elif isinstance(event, TurnFailed):
+                failed = event.reason
+    except Exception as exc:  # record() already marked the reply interrupted
+        log.exception("turn crashed")
+        failed = f"{type(exc).__name__}: {one_line(exc)}"
+    post(TurnEnded(turn.reply, stats, failed))
+
+
+def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post) -> None:
+    """The resume cost of sending `req` now; skipped (no message) while a turn holds the lock."""
+    if not host.lock.acquire(blocking=False):
+        return
+    try:
+        engine = host.engine
+        if engine is None or engine.model is None:
+            return
+        try:
+            preview = engine.preview(_conversation(store, req))
+        except Exception:  # a preview is a hint: never an error dialog
+            log.debug("preview failed", exc_info=True)
+            preview = None
+    finally:
+        host.lock.release()
+    post(PreviewReady(preview))
+

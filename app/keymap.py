@@ -1,0 +1,83 @@
+"""Every key-bound action in one catalogue: the bindings, the help screen and the command palette
+all read it, so a key is documented and reachable from the palette by construction.
+
+Each entry has a stable binding id (`session.new`); the user's `keymap` table in settings.toml
+maps ids to other keys and the app applies it with `App.set_keymap` (CONVENTIONS.md #13).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class KeyAction:
+    id: str
+    key: str
+    action: str  # a Textual action string, run on the widget that holds the binding
+    description: str
+    scope: str  # "app", "chat", "sessions", "message", "composer", "settings"
+    show: bool = True  # in the footer
+    priority: bool = False
+    palette_action: str | None = None  # screen-level action the palette runs (None: `action`)
+
+
+ACTIONS: tuple[KeyAction, ...] = (
+    KeyAction("app.quit", "ctrl+q", "quit", "Quit", "app", priority=True),
+    KeyAction("app.help", "f1", "help", "Help: every key", "app"),
+    KeyAction("app.settings", "f2", "settings", "Settings: profiles", "app"),
+    KeyAction("chat.cancel", "escape", "cancel_turn", "Stop the reply", "chat"),
+    KeyAction("chat.toggle_sidebar", "ctrl+b", "toggle_sidebar", "Sessions sidebar", "chat"),
+    KeyAction("chat.toggle_panel", "ctrl+t", "toggle_panel", "Live panel", "chat"),
+    KeyAction("chat.focus_input", "ctrl+l", "focus_input", "Focus the input", "chat",
+              show=False),
+    KeyAction("chat.focus_filter", "ctrl+f", "focus_filter", "Filter sessions", "chat",
+              show=False, priority=True),
+    KeyAction("session.new", "ctrl+n", "new_session", "New session", "chat"),
+    KeyAction("session.switch_profile", "ctrl+o", "switch_profile",
+              "Switch this session's profile", "chat", show=False),
+    KeyAction("session.rename", "r", "screen.rename_session", "Rename session", "sessions",
+              palette_action="rename_session"),
+    KeyAction("session.delete", "d,delete", "screen.delete_session", "Delete session",
+              "sessions", palette_action="delete_session"),
+    KeyAction("session.fork", "f", "screen.fork_session", "Fork session", "sessions",
+              palette_action="fork_session"),
+    KeyAction("session.export", "e", "screen.export_session", "Export session (Markdown)",
+              "sessions", palette_action="export_session"),
+    KeyAction("message.copy", "c", "screen.copy_message", "Copy the message", "message",
+              palette_action="copy_message"),
+    KeyAction("message.copy_code", "y", "screen.copy_code", "Copy a code block (again: next)",
+              "message", palette_action="copy_code"),
+    KeyAction("message.toggle_thinking", "t", "toggle_thinking", "Show/hide reasoning",
+              "message", palette_action=None),
+    KeyAction("composer.send", "enter", "submit", "Send", "composer", priority=True),
+    KeyAction("composer.newline", "ctrl+j,alt+enter,shift+enter", "newline", "New line",
+              "composer"),
+    KeyAction("settings.save", "ctrl+s", "save", "Save profile", "settings", priority=True),
+    KeyAction("settings.save_as", "f3", "save_as", "Save as new profile", "settings"),
+    KeyAction("settings.revert", "f4", "revert", "Revert edits", "settings"),
+    KeyAction("settings.diff", "f5", "diff", "Diff vs shipped", "settings"),
+    KeyAction("settings.activate", "ctrl+a", "activate", "Activate profile", "settings"),
+    KeyAction("settings.close", "escape", "close", "Back to chat", "settings"),
+)
+
+BY_ID = {a.id: a for a in ACTIONS}
+SCOPE_TITLES = {
+    "app": "Anywhere", "chat": "Chat screen", "sessions": "Session list (focused)",
+    "message": "A message (focused)", "composer": "Input", "settings": "Settings screen",
+}
+
+
+def bindings(scope: str) -> list[Binding]:
+    """The Textual bindings of one scope, with ids so a keymap can rebind them."""
+    return [
+        Binding(a.key, a.action, a.description, show=a.show, priority=a.priority, id=a.id)
+        for a in ACTIONS if a.scope == scope
+    ]
+
+
+def effective_key(action: KeyAction, keymap: dict[str, str]) -> str:
+    """The key(s) an action is on once the user's keymap is applied."""
+    return keymap.get(action.id, action.key)

@@ -1,0 +1,98 @@
+"""Messages the generation worker posts to the chat screen (shared by the screen and its panel).
+
+The worker never touches a widget (CONVENTIONS.md #6): it turns engine events into these. The
+high-rate ones (`TokensStreamed`, `PrefillUpdated`, `ModelLoadProgress`) carry cumulative state
+and define `can_replace`, so when the UI falls behind, Textual's queue keeps only the newest
+(CONVENTIONS.md #5) and a 200 tok/s stream never floods the queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.message import Message
+
+from velo_chat.engine.engine import ResumePreview
+from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
+from velo_chat.store import Message as StoredMessage
+from velo_chat.store import Session
+
+
+@dataclass
+class ModelLoadProgress(Message):
+    progress: float
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ModelLoadProgress)
+
+
+@dataclass
+class ModelReady(Message):
+    info: ModelLoaded
+
+
+@dataclass
+class ModelLoadFailed(Message):
+    reason: str
+
+
+@dataclass
+class TurnRejected(Message):
+    """The engine refused the turn before it started (too long, no model): nothing saved."""
+
+    reason: str
+    text: str  # the user's text, given back to the composer
+
+
+@dataclass
+class TurnAccepted(Message):
+    """The user's message and the placeholder reply are stored; streaming follows."""
+
+    session: Session
+    created: bool  # a new session was created for this turn
+    user: StoredMessage
+    reply: StoredMessage
+
+
+@dataclass
+class TurnBegan(Message):
+    started: TurnStarted
+    n_ctx: int
+
+
+@dataclass
+class PrefillUpdated(Message):
+    progress: PrefillProgress
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, PrefillUpdated)
+
+
+@dataclass
+class TokensStreamed(Message):
+    """The reply so far (cumulative, so a newer one supersedes an older one)."""
+
+    text: str
+    n_tokens: int
+    t_first: float
+    t_last: float
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, TokensStreamed)
+
+
+@dataclass
+class EngineNotice(Message):
+    message: str
+
+
+@dataclass
+class TurnEnded(Message):
+    reply: StoredMessage | None  # the stored reply with its final status
+    stats: TurnStats | None
+    failed: str | None = None  # reason, when the turn failed
+
+
+@dataclass
+class PreviewReady(Message):
+    preview: ResumePreview | None

@@ -1,0 +1,260 @@
+"""The chat screen: sessions sidebar, transcript, composer, resume-cost line and live panel.
+
+It owns the conversation state (the active session, whether a turn runs) and is the only place
+that starts engine work: the generation worker (`_generate`, `_load`) and the preview worker run
+`app/generation.py` functions in threads and only post messages back (CONVENTIONS.md #6); the
+handlers below turn those messages into widget calls. Session actions live in `chat_sessions.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
+
+from velo_chat.engine.profile_schema import Profile
+from velo_chat.store import Session
+
+from .. import keymap
+from ..dialogs.message import error_dialog
+from ..generation import TurnRequest, run_load, run_preview, run_turn
+from ..messages import (
+    EngineNotice, ModelLoadFailed, ModelLoadProgress, ModelReady, PrefillUpdated, PreviewReady,
+    TokensStreamed, TurnAccepted, TurnBegan, TurnEnded, TurnRejected,
+)
+from ..widgets.composer.composer import Composer
+from ..widgets.sessions.sidebar import SessionSidebar
+from ..widgets.telemetry.panel import LivePanel
+from ..widgets.transcript.message import MessageView
+from ..widgets.transcript.transcript import Transcript
+from .chat_sessions import SessionActions
+
+NARROW = 100  # below this many columns the sidebar starts collapsed
+
+
+class ChatScreen(SessionActions, Screen[None]):
+    BINDINGS = keymap.bindings("chat")
+    CSS_PATH = "../../assets/styles/chat.tcss"
+
+    def __init__(self) -> None:
+        super().__init__(id="chat")
+        self.session: Session | None = None
+        self.busy = False
+        self.model_ready = False
+        self._cancel = threading.Event()
+        self._load_cancel = threading.Event()
+        self._reply: MessageView | None = None
+        self._user_view: MessageView | None = None
+        self._preview_timer: Timer | None = None
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        with Horizontal(id="chat-body"):
+            yield SessionSidebar(clock=app.wall_clock, cursor_blink=app.cursor_blink,
+                                 id="sidebar")
+            with Vertical(id="main"):
+                yield Static("", id="session-header")
+                yield Transcript(show_thinking=app.profile.reasoning.show_thinking,
+                                 id="transcript")
+                yield Composer(cursor_blink=app.cursor_blink, id="composer")
+                yield Static("", id="preview-line")
+            yield LivePanel(clock=app.clock, memory_probe=app.memory_probe,
+                            memory_interval=app.memory_interval, id="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#sidebar").display = self.app.size.width >= NARROW
+        self.query_one("#panel").display = self.app.profile.display.show_live_panel
+        self.query_one(LivePanel).set_speculation(self.app.profile.speculation.enabled)
+        self.refresh_sessions()
+        self._update_header()
+        self.query_one(Composer).focus()
+        if self.app.load_on_start:
+            self.reload_model(self.app.profile)
+
+    # -- the model ----------------------------------------------------------------------------
+
+    def reload_model(self, profile: Profile) -> None:
+        """Load (or reload) the engine for `profile` in the background."""
+        self.model_ready = False
+        self._cancel.set()  # a running turn stops first; the load waits for the engine lock
+        self._load_cancel = threading.Event()
+        self.query_one(LivePanel).model_loading(0.0, self._model_name(profile))
+        self._load(profile)
+
+    @work(thread=True, exclusive=True, group="generation")
+    def _load(self, profile: Profile) -> None:
+        run_load(self.app.host, profile, self.post_message, self._load_cancel)
+
+    def _model_name(self, profile: Profile) -> str:
+        path = profile.model.path
+        return "SmolLM2 (default)" if path == "default" else path.rsplit("/", 1)[-1]
+
+    def on_model_load_progress(self, msg: ModelLoadProgress) -> None:
+        self.query_one(LivePanel).model_loading(msg.progress, self._model_name(self.app.profile))
+
+    def on_model_ready(self, msg: ModelReady) -> None:
+        self.model_ready = True
+        self.query_one(LivePanel).model_ready(msg.info, self._model_name(self.app.profile))
+        self.request_preview()
+
+    def on_model_load_failed(self, msg: ModelLoadFailed) -> None:
+        self.query_one(LivePanel).model_failed(msg.reason)
+        self.query_one("#preview-line", Static).update("[b $error]no model loaded[/]")
+        self.app.push_screen(error_dialog("The model did not load", msg.reason))
+
+    # -- sending ------------------------------------------------------------------------------
+
+    @on(Composer.Submitted)
+    async def _send(self, event: Composer.Submitted) -> None:
+        if self.busy:
+            self.notify("A reply is streaming: wait, or press Esc to stop it.", severity="warning")
+            return
+        if not self.model_ready:
+            self.notify("The model is not loaded yet.", severity="warning")
+            return
+        text = event.text
+        event.composer.remember(text)
+        self.busy = True
+        self.set_class(True, "-busy")
+        self._cancel = threading.Event()
+        transcript = self.query_one(Transcript)
+        self._user_view = await transcript.add_message(MessageView("user", text))
+        self._reply = await transcript.add_message(MessageView(
+            "assistant", streaming=True, show_thinking=self.app.profile.reasoning.show_thinking))
+        transcript.scroll_end(animate=False)
+        transcript.follow()
+        self.query_one(LivePanel).turn_sent()
+        self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
+        self._generate(TurnRequest(text, self.session, self.app.profile, self.app.turn_kwargs))
+
+    @work(thread=True, exclusive=True, group="generation")
+    def _generate(self, request: TurnRequest) -> None:
+        worker = get_current_worker()
+        run_turn(self.app.host, self.app.store, request, self.post_message, self._cancel,
+                 lambda: worker.is_cancelled)
+
+    async def on_turn_rejected(self, msg: TurnRejected) -> None:
+        for view in (self._user_view, self._reply):
+            if view is not None:
+                await view.remove()
+        self._end_busy()
+        composer = self.query_one(Composer)
+        if not composer.text:
+            composer.load_text(msg.text)
+        self.app.push_screen(error_dialog("The message was not sent", msg.reason))
+
+    def on_turn_accepted(self, msg: TurnAccepted) -> None:
+        self.session = msg.session
+        if self._reply is not None:
+            self._reply.message_id = msg.reply.id
+        if self._user_view is not None:
+            self._user_view.message_id = msg.user.id
+        self.refresh_sessions()
+        self._update_header()
+
+    def on_turn_began(self, msg: TurnBegan) -> None:
+        self.query_one(LivePanel).turn_began(msg.started, msg.n_ctx)
+
+    def on_prefill_updated(self, msg: PrefillUpdated) -> None:
+        self.query_one(LivePanel).prefill(msg.progress)
+        p = msg.progress
+        self.query_one("#preview-line", Static).update(
+            f"prefilling {p.done:,}/{p.total:,} · ETA {p.eta_s:.1f} s · Esc stops")
+
+    async def on_tokens_streamed(self, msg: TokensStreamed) -> None:
+        if self._reply is not None:
+            await self._reply.stream_text(msg.text)
+        self.query_one(LivePanel).tokens(msg.n_tokens, msg.t_first, msg.t_last)
+
+    def on_engine_notice(self, msg: EngineNotice) -> None:
+        self.notify(msg.message, severity="warning")
+
+    async def on_turn_ended(self, msg: TurnEnded) -> None:
+        if self._reply is not None:
+            reply = msg.reply
+            text = reply.content if reply else self._reply.text
+            status = "error" if msg.failed else (reply.status if reply else "interrupted")
+            await self._reply.finish(text, status, reply.id if reply else None)
+        self.query_one(LivePanel).turn_ended(msg.stats)
+        self._end_busy()
+        if msg.failed:
+            self.notify(f"The reply failed: {msg.failed}", severity="error", timeout=8)
+        self.refresh_sessions()
+        self.request_preview()
+
+    def _end_busy(self) -> None:
+        self.busy = False
+        self.set_class(False, "-busy")
+        self._reply = self._user_view = None
+        self.query_one("#preview-line", Static).update("")
+
+    def action_cancel_turn(self) -> None:
+        if self.busy and not self._cancel.is_set():
+            self._cancel.set()
+            self.notify("Stopping the reply…", timeout=2)
+
+    # -- resume-cost preview ------------------------------------------------------------------
+
+    @on(Composer.Changed)
+    def _draft_changed(self) -> None:
+        if self._preview_timer is not None:
+            self._preview_timer.stop()
+        self._preview_timer = self.set_timer(0.4, self.request_preview)
+
+    def request_preview(self) -> None:
+        if not self.model_ready or self.busy:
+            return
+        draft = self.query_one(Composer).text or " "
+        self._preview(TurnRequest(draft, self.session, self.app.profile))
+
+    @work(thread=True, exclusive=True, group="preview")
+    def _preview(self, request: TurnRequest) -> None:
+        run_preview(self.app.host, self.app.store, request, self.post_message)
+
+    def on_preview_ready(self, msg: PreviewReady) -> None:
+        if self.busy:
+            return
+        p = msg.preview
+        line = ""
+        if p is not None:
+            est = f" ≈ {p.est_prefill_s:.1f} s" if p.est_prefill_s is not None else ""
+            line = (f"reuses {p.cached_tokens:,} cached tokens · prefills "
+                    f"{p.prefill_tokens:,}{est}")
+        self.query_one("#preview-line", Static).update(line)
+
+    # -- layout -------------------------------------------------------------------------------
+
+    def _update_header(self) -> None:
+        profile = self.app.profile.name
+        if self.session is None:
+            text = f"[b]new session[/b] · profile {profile}"
+        else:
+            text = f"[b]{(self.session.title or 'untitled').replace('[', chr(92) + '[')}[/b]"
+            if self.session.profile != profile:
+                text += (f" · [b $warning]session profile {self.session.profile}, running "
+                         f"{profile}[/] (Ctrl+O switches)")
+            else:
+                text += f" · profile {profile}"
+        self.query_one("#session-header", Static).update(text)
+
+    def action_toggle_sidebar(self) -> None:
+        bar = self.query_one("#sidebar")
+        bar.display = not bar.display
+
+    def action_toggle_panel(self) -> None:
+        panel = self.query_one("#panel")
+        panel.display = not panel.display
+
+    def action_focus_input(self) -> None:
+        self.query_one(Composer).focus()
+
+    def action_focus_filter(self) -> None:
+        self.query_one("#sidebar").display = True
+        self.query_one("#session-filter").focus()

@@ -1,0 +1,208 @@
+"""The chat screen's session and copy actions (a mixin, to keep `chat.py` small).
+
+Each action targets the session highlighted in the sidebar when the list has focus, else the
+active session; each is bound to a key (`keymap.py`) and offered in the command palette.
+"""
+
+from __future__ import annotations
+
+import re
+
+from textual import on
+
+from velo_chat.engine import locations
+from velo_chat.engine.profiles import ProfileError, list_profiles, load_profile
+from velo_chat.store import Session, StoreError
+
+from ..dialogs.choice import ChoiceDialog
+from ..dialogs.confirm import ConfirmDialog
+from ..dialogs.message import error_dialog
+from ..dialogs.text_prompt import TextPrompt
+from ..widgets.composer.composer import Composer
+from ..widgets.sessions.sidebar import SessionList, SessionSidebar
+from ..widgets.transcript.message import MessageView
+from ..widgets.transcript.text import code_blocks
+from ..widgets.transcript.transcript import Transcript
+
+
+class SessionActions:
+    """Mixed into `ChatScreen`; uses its `session`, `busy`, `app` and widgets."""
+
+    _filter = ""
+
+    # -- the list -----------------------------------------------------------------------------
+
+    def refresh_sessions(self) -> None:
+        store = self.app.store
+        sessions = store.list_sessions()
+        q = self._filter.strip().lower()
+        if q:
+            hits = {h.session.id for h in self._search(q)}
+            sessions = [s for s in sessions if q in (s.title or "").lower() or s.id in hits]
+        active = self.session.id if self.session else None
+        self.query_one(SessionSidebar).show(sessions, active)
+
+    def _search(self, query: str):
+        try:
+            return self.app.store.search(query)
+        except StoreError:  # a query FTS cannot parse: titles still filter
+            return []
+
+    @on(SessionSidebar.FilterChanged)
+    def _filter_changed(self, event: SessionSidebar.FilterChanged) -> None:
+        self._filter = event.query
+        self.refresh_sessions()
+
+    @on(SessionSidebar.Selected)
+    async def _session_selected(self, event: SessionSidebar.Selected) -> None:
+        await self.open_session(event.session_id)
+
+    async def open_session(self, session_id: str | None) -> None:
+        if self.busy:
+            self.notify("A reply is streaming: stop it (Esc) before switching.",
+                        severity="warning")
+            return
+        store = self.app.store
+        self.session = store.get_session(session_id) if session_id else None
+        messages = store.messages(session_id) if session_id else []
+        await self.query_one(Transcript).show_messages(messages)
+        self.refresh_sessions()
+        self._update_header()
+        self.query_one(Composer).focus()
+        self.request_preview()
+
+    def _target(self) -> Session | None:
+        lst = self.query_one(SessionList)
+        if lst.has_focus:
+            sid = self.query_one(SessionSidebar).highlighted_id()
+            if sid:
+                return self.app.store.get_session(sid)
+        return self.session
+
+    def _need_target(self) -> Session | None:
+        target = self._target()
+        if target is None:
+            self.notify("No session selected.", severity="warning")
+        return target
+
+    # -- actions ------------------------------------------------------------------------------
+
+    async def action_new_session(self) -> None:
+        await self.open_session(None)
+
+    def action_rename_session(self) -> None:
+        target = self._need_target()
+        if target is None:
+            return
+
+        def done(title: str | None) -> None:
+            if title:
+                self.app.store.rename(target.id, title)
+                if self.session and self.session.id == target.id:
+                    self.session = self.app.store.get_session(target.id)
+                    self._update_header()
+                self.refresh_sessions()
+
+        self.app.push_screen(TextPrompt("Rename session", target.title or "",
+                                        cursor_blink=self.app.cursor_blink), done)
+
+    def action_delete_session(self) -> None:
+        target = self._need_target()
+        if target is None:
+            return
+        if self.busy and self.session and self.session.id == target.id:
+            self.notify("Stop the reply (Esc) before deleting this session.", severity="warning")
+            return
+
+        async def done(yes: bool | None) -> None:
+            if not yes:
+                return
+            self.app.store.delete(target.id)
+            if self.session and self.session.id == target.id:
+                await self.open_session(None)
+            self.refresh_sessions()
+            self.notify(f"Deleted “{target.title or 'untitled'}”.")
+
+        self.app.push_screen(ConfirmDialog(
+            "Delete session?", f"“{target.title or 'untitled'}” and all its messages will be "
+            "deleted. This cannot be undone.", yes="Delete", no="Keep"), done)
+
+    async def action_fork_session(self) -> None:
+        target = self._need_target()
+        if target is None:
+            return
+        messages = self.app.store.messages(target.id)
+        if not messages:
+            self.notify("Nothing to fork: the session is empty.", severity="warning")
+            return
+        fork = self.app.store.fork(target.id, messages[-1].id)
+        await self.open_session(fork.id)
+        self.notify(f"Forked into “{fork.title or 'untitled'}”.")
+
+    def action_export_session(self) -> None:
+        target = self._need_target()
+        if target is None:
+            return
+        folder = locations.data_dir() / "exports"
+        folder.mkdir(parents=True, exist_ok=True)
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", target.title or "untitled").strip("-")[:40]
+        path = folder / f"{slug or 'session'}-{target.id[:8]}.md"
+        try:
+            path.write_text(self.app.store.export_markdown(target.id), encoding="utf-8")
+        except OSError as exc:
+            self.app.push_screen(error_dialog("Export failed", f"{path}: {exc.strerror}"))
+            return
+        self.notify(f"Exported to {path}", timeout=6)
+
+    def action_switch_profile(self) -> None:
+        """Run this session on another profile (explicit: the session remembers it)."""
+        if self.busy:
+            self.notify("Stop the reply (Esc) first.", severity="warning")
+            return
+        choices = [(p.name, f"{p.name} [dim]({p.source})[/]") for p in list_profiles()]
+
+        def done(name: str | None) -> None:
+            if not name:
+                return
+            try:
+                profile = load_profile(name)
+            except ProfileError as exc:
+                self.app.push_screen(error_dialog("Profile not usable", str(exc)))
+                return
+            if self.session is not None:
+                self.session = self.app.store.update_session(self.session.id, profile=name)
+            self.app.use_profile(profile)
+            self._update_header()
+
+        self.app.push_screen(ChoiceDialog("Switch this session's profile", choices,
+                                          self.app.profile.name), done)
+
+    # -- copying ------------------------------------------------------------------------------
+
+    def _copy_target(self, need_code: bool = False) -> MessageView | None:
+        focused = self.focused
+        if isinstance(focused, MessageView):
+            return focused
+        transcript = self.query_one(Transcript)
+        views = [v for v in transcript.views() if v.role == "assistant"]
+        if need_code:
+            views = [v for v in views if code_blocks(v.answer_text())]
+        return views[-1] if views else None
+
+    def action_copy_message(self) -> None:
+        view = self._copy_target()
+        if view is None:
+            self.notify("No message to copy.", severity="warning")
+            return
+        self.app.copy_to_clipboard(view.answer_text())
+        self.notify("Copied the message.", timeout=2)
+
+    def action_copy_code(self) -> None:
+        view = self._copy_target(need_code=True)
+        block = view.next_code_block() if view else None
+        if block is None:
+            self.notify("No code block to copy.", severity="warning")
+            return
+        code, i, n = block
+        self.app.copy_to_clipboard(code)
+        self.notify(f"Copied code block {i}/{n}.", timeout=2)

@@ -1,0 +1,172 @@
+"""The live panel: decode speed (sparkline, current/average/peak), TTFT, prefill progress,
+cached vs prefilled tokens and where the state came from, context fill, graph reuse, speculation,
+and process memory.
+
+The chat screen calls its methods (calls go down); it never talks to the engine. Its `clock`
+(for the live TTFT while waiting) and `memory_probe` are injectable so snapshots are
+deterministic (CONVENTIONS.md #8). Decode rates come from token timestamps (`DecodeMeter`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import ProgressBar, Sparkline, Static
+
+from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
+
+from ...sysinfo import memory_probe as default_memory_probe
+from .meter import DecodeMeter
+
+MemoryProbe = Callable[[], tuple[int | None, int | None]]
+SOURCES = {"live": "live", "ram": "RAM", "disk": "disk", "none": "cold"}
+
+
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.1f}" if x < 1000 else f"{x:,.0f}"
+
+
+class LivePanel(Vertical):
+    """Shown on the right of the chat screen; hidden with a key (`chat.toggle_panel`)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.perf_counter,
+                 memory_probe: MemoryProbe = default_memory_probe,
+                 memory_interval: float | None = 2.0, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.clock = clock
+        self.memory_probe = memory_probe
+        self.memory_interval = memory_interval
+        self.meter = DecodeMeter()
+        self.sent_at: float | None = None
+        self.ttft: float | None = None
+        self.n_ctx = 0
+        self.context_line = "no turn yet"
+        self.fill_tokens = 0
+        self.graphs = "—"
+        self.speculation = "off"
+
+    def compose(self) -> ComposeResult:
+        yield Static("Model", classes="panel-title")
+        yield Static("loading…", id="panel-model")
+        yield ProgressBar(total=1.0, show_eta=False, id="panel-load")
+        yield Static("Decode tok/s", classes="panel-title")
+        yield Sparkline([], id="panel-spark")
+        yield Static("", id="panel-decode")
+        yield Static("", id="panel-ttft")
+        with Vertical(id="panel-prefill"):
+            yield Static("Prefill", classes="panel-title")
+            yield ProgressBar(total=1, show_eta=False, id="panel-prefill-bar")
+            yield Static("", id="panel-prefill-stats")
+        yield Static("Context", classes="panel-title")
+        yield Static("", id="panel-context")
+        yield Static("Memory", classes="panel-title")
+        yield Static("", id="panel-memory")
+
+    def on_mount(self) -> None:
+        self._render_decode()
+        self._render_context()
+        self.refresh_memory()
+        if self.memory_interval:
+            self.set_interval(self.memory_interval, self.refresh_memory)
+        self.query_one("#panel-prefill").display = False
+
+    # -- model --------------------------------------------------------------------------------
+
+    def model_loading(self, progress: float, name: str = "") -> None:
+        bar = self.query_one("#panel-load", ProgressBar)
+        bar.display = True
+        bar.update(progress=progress)
+        self.query_one("#panel-model", Static).update(f"loading {name}".rstrip() + "…")
+
+    def model_ready(self, info: ModelLoaded, name: str) -> None:
+        self.query_one("#panel-load", ProgressBar).display = False
+        self.n_ctx = info.n_ctx
+        kind = "hybrid" if info.hybrid else "attention"
+        self.query_one("#panel-model", Static).update(
+            f"{name}\n{info.architecture} · {kind} · {info.n_threads} threads")
+        self._render_context()
+
+    def model_failed(self, reason: str) -> None:
+        self.query_one("#panel-load", ProgressBar).display = False
+        self.query_one("#panel-model", Static).update("[b red]not loaded[/]")
+
+    def set_speculation(self, enabled: bool) -> None:
+        self.speculation = "on" if enabled else "off"
+        self._render_context()
+
+    # -- a turn -------------------------------------------------------------------------------
+
+    def turn_sent(self) -> None:
+        self.meter.reset()
+        self.sent_at, self.ttft = self.clock(), None
+        self.query_one("#panel-spark", Sparkline).data = []
+        self._render_decode()
+
+    def turn_began(self, started: TurnStarted, n_ctx: int) -> None:
+        self.n_ctx = n_ctx
+        self.context_line = (f"cached {started.cached_tokens:,} "
+                             f"({SOURCES.get(started.source, started.source)})\n"
+                             f"prefill {started.prefill_tokens:,}")
+        self.fill_tokens = started.prompt_tokens
+        self._render_context()
+
+    def prefill(self, p: PrefillProgress) -> None:
+        box = self.query_one("#panel-prefill")
+        box.display = p.done < p.total
+        bar = self.query_one("#panel-prefill-bar", ProgressBar)
+        bar.update(total=max(p.total, 1), progress=p.done)
+        self.query_one("#panel-prefill-stats", Static).update(
+            f"{p.done:,}/{p.total:,} · {_rate(p.tok_s)} tok/s\nETA {p.eta_s:.1f} s")
+
+    def tokens(self, n_tokens: int, t_first: float, t_last: float) -> None:
+        self.query_one("#panel-prefill").display = False
+        if self.ttft is None and self.sent_at is not None:
+            self.ttft = max(0.0, self.clock() - self.sent_at)
+        before = len(self.meter.samples)
+        self.meter.update(n_tokens, t_first, t_last)
+        if len(self.meter.samples) != before:
+            self.query_one("#panel-spark", Sparkline).data = list(self.meter.samples)
+        self._render_decode()
+
+    def turn_ended(self, stats: TurnStats | None) -> None:
+        self.query_one("#panel-prefill").display = False
+        if stats is not None:
+            self.ttft = stats.ttft_s
+            self.graphs = f"{stats.graphs_reused:,}"
+            self.fill_tokens = stats.prompt_tokens + stats.decode_tokens
+            self._render_decode(final=stats.decode_tok_s)
+            self._render_context()
+        self.refresh_memory()
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def _render_decode(self, final: float | None = None) -> None:
+        m = self.meter
+        avg = final if final is not None else m.average
+        self.query_one("#panel-decode", Static).update(
+            f"now [b]{_rate(m.current)}[/b] avg {_rate(avg)}\npeak {_rate(m.peak)} "
+            f"· {m.n_tokens:,} tok")
+        ttft = "—" if self.ttft is None else f"{self.ttft:.2f} s"
+        self.query_one("#panel-ttft", Static).update(f"TTFT {ttft}")
+
+    def _render_context(self) -> None:
+        fill = "—"
+        if self.n_ctx:
+            fill = f"{self.fill_tokens:,}/{self.n_ctx:,} ({self.fill_tokens / self.n_ctx:.0%})"
+        self.query_one("#panel-context", Static).update(
+            f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\n"
+            f"speculation {self.speculation}")
+
+    def refresh_memory(self) -> None:
+        rss, gpu = self.memory_probe()
+        text = f"RSS {_mib(rss)}"
+        if gpu is not None:
+            text += f"\nGPU {_mib(gpu)}"
+        self.query_one("#panel-memory", Static).update(text)

@@ -1,0 +1,140 @@
+"""A scripted stand-in for `Engine`, for TUI layout and flow tests only (CONVENTIONS.md: every
+engine behaviour is tested on a real model; this only feeds the UI deterministic events).
+
+Token timestamps come from a fake clock (`t0 + i * dt`), so the live panel's numbers are fixed.
+`gate`: when set up, the turn stops after `pause_after` tokens until the test opens the gate (or
+the turn is cancelled), so a test can look at a reply mid-stream.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from velo_chat.engine.engine import PromptTooLong, ResumePreview
+from velo_chat.engine.events import (
+    ModelLoaded, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnStarted, TurnStats,
+)
+
+
+@dataclass
+class FakeModel:
+    fingerprint: str = "fake-fingerprint"
+    hybrid: bool = False
+    architecture: str = "llama"
+
+
+@dataclass
+class FakeCtx:
+    n_ctx: int = 4096
+
+
+def _pieces(text: str, size: int = 3) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@dataclass
+class FakeScript:
+    reply: str = "Hello! Here is **bold** text."
+    prompt_limit: int = 4096
+    load_error: Exception | None = None
+    pause_after: int | None = None  # tokens before waiting on `gate`
+    pause_in_prefill: bool = False  # wait on `gate` after the first prefill ubatch instead
+    gate: threading.Event = field(default_factory=threading.Event)
+    t0: float = 1000.0
+    dt: float = 0.01  # seconds between tokens: 100 tok/s
+    prefill_chunks: int = 4
+
+
+class FakeEngine:
+    def __init__(self, profile, script: FakeScript) -> None:
+        self.profile = profile
+        self.script = script
+        self.model: FakeModel | None = None
+        self.ctx: FakeCtx | None = None
+        self.live = 0
+        self.turns: list[list] = []
+        self.closed = False
+
+    def load(self, on_event=None, cancel=None) -> ModelLoaded:
+        emit = on_event or (lambda e: None)
+        emit(ModelLoading(0.5))
+        if self.script.load_error is not None:
+            raise self.script.load_error
+        emit(ModelLoading(1.0))
+        self.model, self.ctx = FakeModel(), FakeCtx()
+        info = ModelLoaded("/models/fake.gguf", "llama", 135_000_000, 100 << 20, 4096, 2, False,
+                           0.1)
+        emit(info)
+        return info
+
+    def _count(self, messages) -> int:
+        return sum(4 + len(m.content) // 4 for m in messages)
+
+    def preview(self, messages) -> ResumePreview:
+        n = self._count(messages)
+        cached = min(self.live, n - 1)
+        return ResumePreview(n, cached, n - cached, "live" if cached else "none", 0.1)
+
+    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, **kw):
+        n = self._count(messages)
+        if n > self.script.prompt_limit:
+            raise PromptTooLong(f"the conversation is {n:,} tokens but the context holds "
+                                f"{self.script.prompt_limit:,}")
+        self.turns.append(list(messages))
+        return self._run(n, cancel or threading.Event())
+
+    def _wait(self, cancel: threading.Event) -> None:
+        while not self.script.gate.wait(0.01):
+            if cancel.is_set():
+                return
+
+    def _run(self, n: int, cancel: threading.Event):
+        s = self.script
+        cached = min(self.live, n - 1)
+        tail = n - cached
+        yield TurnStarted(n, cached, tail, "live" if cached else "none")
+        finish = "stop"
+        for i in range(1, s.prefill_chunks + 1):
+            done = tail * i // s.prefill_chunks
+            yield PrefillProgress(done, tail, 1000.0, (tail - done) / 1000.0)
+            if i == 1 and s.pause_in_prefill:
+                self._wait(cancel)
+            if cancel.is_set() and done < tail:
+                finish = "cancelled"
+                break
+        text = ""
+        count = 0
+        if finish != "cancelled":
+            for count, piece in enumerate(_pieces(s.reply), start=1):
+                text += piece
+                yield TokenDelta(piece, count, s.t0 + count * s.dt)
+                if s.pause_after is not None and count == s.pause_after:
+                    self._wait(cancel)
+                if cancel.is_set():
+                    finish = "cancelled"
+                    break
+        self.live = n + count
+        rate = 1 / s.dt
+        yield TurnDone(text, TurnStats(
+            ttft_s=0.05, prompt_tokens=n, cached_tokens=cached, prefill_tokens=tail,
+            prefill_s=tail / 1000, prefill_tok_s=1000.0, decode_tokens=count,
+            decode_s=(count - 1) * s.dt, decode_tok_s=rate if count > 1 else 0.0,
+            graphs_reused=max(0, count - 2), llama_eval_ms=1.0, llama_prompt_eval_ms=1.0,
+            wall_ms=1.0, total_s=0.5, finish_reason=finish))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeFactory:
+    """engine_factory for make_app: records the engines it made."""
+
+    def __init__(self, script: FakeScript | None = None) -> None:
+        self.script = script or FakeScript()
+        self.engines: list[FakeEngine] = []
+
+    def __call__(self, profile) -> FakeEngine:
+        engine = FakeEngine(profile, self.script)
+        self.engines.append(engine)
+        return engine
