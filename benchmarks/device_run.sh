@@ -17,17 +17,21 @@ TABLE=${VELO_PLE_BIG_TABLE:-/tmp/ple_big.gguf}
 time python3 benchmarks/ple_gather.py --table "$TABLE" --make-table-only 2>&1 | tee "$OUT/make_table.log"
 VELO_PLE_BIG_TABLE="$TABLE" timeout 300 python3 -m pytest -m gpu -q --noconftest -p no:cacheprovider \
   -o addopts="" -rA tests/test_kernels_gpu.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
-timeout 240 python3 benchmarks/ple_gather.py --table "$TABLE" --json-out "$OUT/ple_gather.json" \
-  ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
-tail -5 "$OUT/bench.log"
-python3 - "$OUT/ple_gather.json" <<'PY'
+for run in $(seq 1 "${BENCH_RUNS:-1}"); do  # repeated runs show the run-to-run spread
+  timeout 240 python3 benchmarks/ple_gather.py --table "$TABLE" --json-out "$OUT/ple_gather_$run.json" \
+    ${BENCH_ARGS:-} > "$OUT/bench_$run.log" 2>&1; echo "bench $run rc=$?"
+  tail -3 "$OUT/bench_$run.log"
+done
+python3 - "$OUT"/ple_gather_*.json <<'PY'
 import json, sys
-try:
-    r = json.load(open(sys.argv[1]))
-except Exception as e:
-    sys.exit(f"no JSON: {e}")
-print(r["device"], r["table"]["mode"], "|", r["table"]["mode_reason"])
-for case in ("per_token", "batch_512"):
-    c = r[case]
-    print(case, {k: (v.get("median", v) if isinstance(v, dict) else v) for k, v in c.items()})
+for path in sys.argv[1:]:
+    try:
+        r = json.load(open(path))
+    except Exception as e:
+        print(f"{path}: no JSON ({e})")
+        continue
+    print(path, r["device"], r["table"]["mode"], "|", r["table"]["mode_reason"])
+    for case in ("per_token", "batch_64", "batch_512"):
+        c = r[case]
+        print(" ", case, {k: (v.get("median", v) if isinstance(v, dict) else v) for k, v in c.items()})
 PY

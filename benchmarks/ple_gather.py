@@ -345,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         result["table"] = table.describe()
         result["calibration_us"] = calibrate(args.iters)
         result["per_token"] = run_case(table, 1, args.iters, rng)
+        result["batch_64"] = run_case(table, 64, max(50, args.iters // 4), rng)  # the staging threshold
         result["batch_512"] = run_case(table, 512, max(50, args.iters // 10), rng)
     text = json.dumps(result, indent=1)
     print(text)

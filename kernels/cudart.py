@@ -6,9 +6,11 @@ address of registered memory directly (`cudaDevAttrCanUseHostPointerForRegistere
 is called through ctypes on the driver library (`cuMemHostGetDevicePointer`), which is always
 present where a GPU is.
 
-`launch_kernel` calls `cuLaunchKernel` with arguments packed once (`PackedArgs`): measured on the
-H200, a CuPy kernel call costs ~10 us of host time (argument boxing per call), more than the
-whole per-token gather; a prepared ctypes launch costs ~1-2 us. Nothing here runs at import time.
+`launch_kernel` calls `cuLaunchKernel` with arguments packed once (`PackedArgs`) on a raw
+`cudaStream_t`: the later llama.cpp integration launches on llama.cpp's own stream every ubatch,
+and this needs no CuPy stream wrapper or per-call argument boxing. It is not a measured speed-up:
+on the H200 VM a launch + sync costs 13-14 us either way (benchmarks/README.md). Nothing here
+runs at import time.
 """
 
 from __future__ import annotations

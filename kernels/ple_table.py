@@ -8,11 +8,12 @@ reported with the reason (`PleTable.mode`, `.mode_reason`, `.describe()`):
   GB10/Grace over NVLink-C2C with ATS, or HMM). The kernel gets the mmap address as is; pages stay
   lazily backed by the page cache, exactly as llama.cpp's lazy mode keeps them.
 - `registered`: otherwise the mapped range is `cudaHostRegister`-ed (mapped + read-only) and the
-  kernel reads it over PCIe in place. Registration pins every page of the range, so it is refused
-  above `max_register_fraction` of the RAM available now, with the figures in the message.
+  kernel reads it over PCIe in place; host-row gathers above `stage_above_rows` (prefill batches)
+  take the staged path, which is faster there. Registration pins every page of the range, so it
+  is refused above `max_register_fraction` of the RAM available now, with the figures in the message.
 - `staged`: the fallback: the CPU gathers the raw rows into a pinned buffer, one async copy moves
-  them, and the same dequant kernel runs on the compact rows (5.6x fewer bytes than copying floats
-  for IQ4_NL).
+  them, and the same dequant kernel runs on the compact rows (7x fewer bytes than copying the
+  float32 result for 160-value IQ4_NL rows).
 
 Row indices outside the table are an error: host indices are checked before any launch; device
 indices are checked in the kernel, which reads nothing out of range and records the offence for
@@ -40,11 +41,13 @@ Mode = Literal["pageable", "registered", "staged"]
 MODES: tuple[Mode, ...] = ("pageable", "registered", "staged")
 PLE_TENSOR = "per_layer_token_embd.weight"
 
-# In `registered` mode, host-side gathers of more rows than this take the staged path: over PCIe
-# the GPU's random 90-byte reads of an 8 GiB registered table run at ~3.7 GB/s (GPU TLB misses
-# on 4 KiB host pages), so a 512-token prefill (8,192 rows) took 223 us in place against 73 us
-# staged on the H200 (benchmarks/README.md). Decode-sized gathers stay in place.
-STAGE_ABOVE_ROWS = 1024
+# In `registered` mode, host-side gathers of more rows than this take the staged path. Over PCIe
+# the GPU's random 90-byte reads of a registered 8 GiB table run at ~3.8 GB/s (GPU TLB misses on
+# 4 KiB host pages: 17 GB/s within a 64 MiB window), so on the H200 staging won from 1,024 rows
+# (PLE share in a CUDA graph 21 vs 31 us) to 8,192 rows (71 vs 207 us), and tied at 16 rows
+# (benchmarks/README.md). Decode-sized gathers (up to 4 tokens x 16 heads) stay in place.
+# Pageable mode (GB10) never stages: there the table is in the GPU's own memory.
+STAGE_ABOVE_ROWS = 64
 
 
 class PleTableError(RuntimeError):
