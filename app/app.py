@@ -84,6 +84,10 @@ class VeloChatApp(App[None]):
             self.theme = profile.display.theme
 
     def on_unmount(self) -> None:
+        for screen in self.screen_stack:
+            stop = getattr(screen, "stop_engine_work", None)
+            if stop is not None:
+                stop()
         self.host.close()
         if self._owns_store:
             self.store.close()

@@ -59,6 +59,12 @@ class EngineHost:
                 log.exception("closing the engine failed")
             self.engine = None
 
-    def close(self) -> None:
-        with self.lock:
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the engine once the running turn (already told to stop) lets go of it."""
+        if not self.lock.acquire(timeout=timeout):
+            log.warning("the engine is still busy after %.0f s; not closing it", timeout)
+            return
+        try:
             self.close_locked()
+        finally:
+            self.lock.release()

@@ -59,7 +59,7 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("settings.save_as", "f3", "save_as", "Save as new profile", "settings"),
     KeyAction("settings.revert", "f4", "revert", "Revert edits", "settings"),
     KeyAction("settings.diff", "f5", "diff", "Diff vs shipped", "settings"),
-    KeyAction("settings.activate", "ctrl+a", "activate", "Activate profile", "settings"),
+    KeyAction("settings.activate", "f6", "activate", "Activate profile", "settings"),
     KeyAction("settings.close", "escape", "close", "Back to chat", "settings"),
 )
 

@@ -195,6 +195,11 @@ class ChatScreen(SessionActions, Screen[None]):
         self._reply = self._user_view = None
         self.query_one("#preview-line", Static).update("")
 
+    def stop_engine_work(self) -> None:
+        """The app is closing: stop a running turn or load so the engine can be closed."""
+        self._cancel.set()
+        self._load_cancel.set()
+
     def action_cancel_turn(self) -> None:
         if self.busy and not self._cancel.is_set():
             self._cancel.set()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 
-from textual import on
-
 from velo_chat.engine import locations
 from velo_chat.engine.profiles import ProfileError, list_profiles, load_profile
 from velo_chat.store import Session, StoreError
@@ -26,7 +24,8 @@ from ..widgets.transcript.transcript import Transcript
 
 
 class SessionActions:
-    """Mixed into `ChatScreen`; uses its `session`, `busy`, `app` and widgets."""
+    """Mixed into `ChatScreen`; uses its `session`, `busy`, `app` and widgets. Handlers use
+    `on_<message>` names: Textual collects `@on` decorators only from the screen class itself."""
 
     _filter = ""
 
@@ -48,13 +47,11 @@ class SessionActions:
         except StoreError:  # a query FTS cannot parse: titles still filter
             return []
 
-    @on(SessionSidebar.FilterChanged)
-    def _filter_changed(self, event: SessionSidebar.FilterChanged) -> None:
+    def on_session_sidebar_filter_changed(self, event: SessionSidebar.FilterChanged) -> None:
         self._filter = event.query
         self.refresh_sessions()
 
-    @on(SessionSidebar.Selected)
-    async def _session_selected(self, event: SessionSidebar.Selected) -> None:
+    async def on_session_sidebar_selected(self, event: SessionSidebar.Selected) -> None:
         await self.open_session(event.session_id)
 
     async def open_session(self, session_id: str | None) -> None:

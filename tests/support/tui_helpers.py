@@ -1,0 +1,38 @@
+"""Building the TUI for tests: a fake or real engine, a store on a temp path, and every source
+of variation pinned (clocks, memory, cursor blink) so snapshots are deterministic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from velo_chat.app.app import VeloChatApp, make_app
+from velo_chat.app.settings import AppSettings
+from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.profiles import build_profile
+from velo_chat.store import SessionStore
+
+from .fake_engine import FakeFactory, FakeScript
+
+FIXED_NOW = 1_800_000_000.0
+
+
+def fixed_store(path: Path) -> SessionStore:
+    """A store whose clock ticks one second per call from a fixed start (stable order/ages)."""
+    t = [FIXED_NOW - 3600]
+
+    def clock() -> float:
+        t[0] += 1.0
+        return t[0]
+
+    return SessionStore(path, clock=clock)
+
+
+def fake_app(tmp_path: Path, script: FakeScript | None = None, *, profile: Profile | None = None,
+             store: SessionStore | None = None) -> tuple[VeloChatApp, FakeFactory]:
+    factory = FakeFactory(script)
+    app = make_app(
+        profile or build_profile("default", {}), engine_factory=factory,
+        store=store or fixed_store(tmp_path / "sessions.db"), settings=AppSettings(),
+        clock=lambda: 100.0, wall_clock=lambda: FIXED_NOW, memory_probe=lambda: (300 << 20, None),
+        memory_interval=None, cursor_blink=False)
+    return app, factory
