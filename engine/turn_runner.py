@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import codecs
 import logging
+import time
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import time
+import numpy as np
 
 from .events import (
     CheckpointSaved, EngineEvent, EngineWarning, PrefillProgress, TokenDelta, TurnDone,
     TurnFailed, TurnStarted, TurnStats,
 )
+from .chat_template import ChatMessage
 from .llama_context import DecodeError
 from .profile_schema import SamplingSettings
 from .sampling import Sampler
@@ -48,6 +50,7 @@ class Utf8Stream:
 
 @dataclass(frozen=True)
 class TurnPlan:
+    messages: tuple[ChatMessage, ...]
     tokens: list[int]
     sampling: SamplingSettings
     cancel: threading.Event
@@ -91,6 +94,63 @@ def _prefill_stops(start: int, end: int, interval: int, save_last: bool) -> list
         first = (start // interval + 1) * interval
         stops.update(range(first, end - 1, interval))
     return sorted(s for s in stops if s > start)
+
+
+def follow_up_prefix(engine: Engine, messages: tuple[ChatMessage, ...], reply: str) -> list[int]:
+    """The tokens every follow-up to this reply starts with: the conversation as the template
+    renders it with the reply in the history, up to where the next user message's text begins.
+
+    Found by rendering two follow-ups that differ only in that text; the template's own closing
+    and opening tokens ("<|im_end|>\n<|im_start|>user\n") are part of it."""
+    history = [*messages, ChatMessage("assistant", reply)]
+    a = engine.tokens_for([*history, ChatMessage("user", "A")])
+    b = engine.tokens_for([*history, ChatMessage("user", "B")])
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return a[:n]
+
+
+def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int) -> bool:
+    """Bring the live context to the follow-up boundary so the next turn (and a checkpoint
+    saved here) starts exactly where a cold render of the conversation would.
+
+    Usually that is a few template tokens after the reply. When the reply's text tokenizes
+    differently from the tokens that were sampled, an attention model truncates to the common
+    prefix; a hybrid model restarts from the prefill-end checkpoint and re-prefills the reply in
+    batches (bounded: at most twice the reply plus 64 tokens, cheaper than generating it).
+    Returns True if the context now holds exactly the boundary."""
+    model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
+    assert model is not None and ctx is not None
+    target = follow_up_prefix(engine, plan.messages, reply)
+    live = engine.live_tokens
+    c = 0
+    for x, y in zip(live, target):
+        if x != y:
+            break
+        c += 1
+    if c == len(target) == len(live):
+        return True
+    if c < len(live):
+        if not model.hybrid and ctx.truncate(c):
+            del live[c:]
+        else:
+            budget = 2 * n_generated + 64
+            cand = ck.find(np.asarray(target + [-1], dtype=np.int32)) if ck else None
+            if cand is None or len(target) - cand.n_tokens > budget:
+                return False
+            restored = ck.restore(ctx, cand)
+            if restored is None:
+                engine.live_tokens = []
+                return False
+            engine.live_tokens = live = list(target[:restored.n_tokens])
+    for pos in range(len(live), len(target), ctx.n_ubatch):
+        chunk = target[pos:pos + ctx.n_ubatch]
+        ctx.decode(chunk)
+        live.extend(chunk)
+    return True
 
 
 def _warnings(engine: Engine) -> list[EngineWarning]:
@@ -192,8 +252,13 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
                     text_parts.append(tail_text)
         t_end = time.perf_counter()
         perf2 = ctx.perf()
+        close_s = 0.0
         if t_first is not None:
-            yield from save_point()  # the end of the reply: where a follow-up starts
+            t_close = time.perf_counter()
+            if ck is not None or not model.hybrid:
+                close_boundary(engine, plan, "".join(text_parts), decode_tokens)
+            close_s = time.perf_counter() - t_close
+            yield from save_point()  # the follow-up boundary: where the next turn starts
     except DecodeError as exc:
         log.warning("turn failed: %s", exc)
         ctx.clear()  # a failed decode leaves the sequence in an unknown state: start cold
@@ -213,6 +278,7 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
         llama_eval_ms=perf2.eval_ms - perf1.eval_ms,
         llama_prompt_eval_ms=perf1.prompt_eval_ms - perf0.prompt_eval_ms,
         wall_ms=decode_wall * 1000.0, total_s=t_end - plan.t_start, finish_reason=finish,
-        checkpoint={"source": source, "restore_s": round(restore_s, 4), "saved": saved},
+        checkpoint={"source": source, "restore_s": round(restore_s, 4), "saved": saved,
+                    "close_s": round(close_s, 4)},
     )
     yield TurnDone("".join(text_parts), stats)

@@ -68,3 +68,11 @@ def smol_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
     engine.load()
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight qwen4exp GGUF (hybrid: GDN + sparse attention), built once."""
+    from tests.support.tiny_qwen4exp import tiny_qwen4exp_path
+
+    return tiny_qwen4exp_path(tmp_path_factory.mktemp("tiny-qwen4exp"), smollm2_path)
