@@ -215,8 +215,13 @@ class DiskTier:
             return None
         except OSError as exc:
             self.warn(f"cannot read checkpoint {entry.path.name}: {exc.strerror}")
+            with self._lock:
+                self.entries.pop(entry.path.stem, None)  # not deleted: it may be readable later
             return None
-        os.utime(entry.path)  # LRU: most recently used
+        try:
+            os.utime(entry.path)  # LRU: most recently used
+        except OSError:
+            pass  # a read-only disk: the order is only a hint
         return payload
 
     # -- writing --------------------------------------------------------------------------------

@@ -59,22 +59,28 @@ class TurnPlan:
 
 
 def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
-    """Make the context hold the best usable prefix of `tokens`; return (n, source, restore_s)."""
+    """Make the context hold the best usable prefix of `tokens`; return (n, source, restore_s).
+
+    A checkpoint that fails to restore is dropped by its tier (with a warning) and the next
+    best is tried; the last resort is a cold prefill."""
     ctx = engine.ctx
     assert ctx is not None
-    n, source, cand = engine._plan(tokens)
-    if cand is not None and engine.checkpoints is not None:
+    for _attempt in range(4):
+        n, source, cand = engine._plan(tokens)
+        if cand is None or engine.checkpoints is None:
+            break
         restored = engine.checkpoints.restore(ctx, cand)
         if restored is not None:
             engine.live_tokens = list(tokens[:restored.n_tokens])
             return restored.n_tokens, source, restored.seconds
-        # The failed restore emptied the context: cold.
-        engine.live_tokens = []
-        return 0, "none", 0.0
+        engine.live_tokens = []  # the failed restore emptied the context
+    else:
+        n, source = 0, "none"
     live = engine.live_tokens
     if n == 0:
         ctx.clear()
         live.clear()
+        source = "none"
     elif n < len(live):
         if ctx.truncate(n):
             del live[n:]

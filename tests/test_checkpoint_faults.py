@@ -1,0 +1,292 @@
+"""Faults around checkpoints and the session store: each must leave every message in place,
+never restore an invalid state, still answer (cold if it must) and say so in one warning."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from velo_chat.engine import checkpoint_file as cf
+from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.engine import Engine
+from velo_chat.engine.events import EngineWarning, TurnDone
+
+from tests.support.engine_helpers import run_cli, test_profile
+
+Q = [ChatMessage("user", "Name two colours of the rainbow.")]
+N = 16
+
+
+def profile(path: Path, **checkpoints):
+    return test_profile(path, checkpoints={"interval_tokens": 0, **checkpoints})
+
+
+def turn(engine: Engine, messages=Q):
+    events = list(engine.turn(messages, max_tokens=N))
+    done = events[-1]
+    assert isinstance(done, TurnDone), done
+    return done, [e.message for e in events if isinstance(e, EngineWarning)]
+
+
+def seed_checkpoints(path: Path, root: Path) -> tuple[TurnDone, list[Path]]:
+    """One turn on a fresh engine; returns it and the checkpoint files it wrote."""
+    with Engine(profile(path), checkpoint_root=root) as engine:
+        engine.load()
+        done, warnings = turn(engine)
+        assert warnings == []
+    files = sorted(root.glob(f"*/*{cf.SUFFIX}"))
+    assert len(files) == 2  # prefill end, reply boundary
+    return done, files
+
+
+def fresh_turn(path: Path, root: Path, messages=Q, **checkpoints):
+    with Engine(profile(path, **checkpoints), checkpoint_root=root) as engine:
+        engine.load()
+        return turn(engine, messages)
+
+
+def cold_text(path: Path, messages=Q) -> str:
+    with Engine(profile(path, enabled=False)) as engine:
+        engine.load()
+        return turn(engine, messages)[0].text
+
+
+@pytest.mark.parametrize("damage", ["flip_payload_byte", "truncate", "garbage_header"])
+def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, tmp_path,
+                                                                  damage):
+    root = tmp_path / "ckpt"
+    first, files = seed_checkpoints(smollm2_path, root)
+    for f in files:
+        data = bytearray(f.read_bytes())
+        if damage == "flip_payload_byte":
+            data[-100] ^= 0xFF
+        elif damage == "truncate":
+            data = data[: len(data) // 2]
+        else:
+            data[8:40] = b"\x07" * 32
+        f.write_bytes(bytes(data))
+    done, warnings = fresh_turn(smollm2_path, root)
+    assert done.stats.checkpoint["source"] == "none" and done.stats.cached_tokens == 0
+    assert len(warnings) >= 1 and all("discarded checkpoint" in w for w in warnings)
+    assert done.text == first.text == cold_text(smollm2_path)
+    for f in files:
+        # Deleted, or rewritten whole by this turn's own save (then it verifies).
+        if f.exists():
+            cf.read_header(f)
+
+
+def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path):
+    root = tmp_path / "ckpt"
+    _, files = seed_checkpoints(smollm2_path, root)
+    longest = max(files, key=lambda f: cf.read_header(f)[0].n_tokens)
+    data = bytearray(longest.read_bytes())
+    data[-1] ^= 0x01
+    longest.write_bytes(bytes(data))
+    done, warnings = fresh_turn(smollm2_path, root)  # the same prompt: prefill-end resumes
+    assert done.stats.checkpoint["source"] == "disk"
+    assert done.stats.cached_tokens == done.stats.prompt_tokens - 1
+    assert any("payload checksum mismatch" in w for w in warnings)
+
+
+def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path, qwen_path,
+                                                                    tmp_path):
+    root = tmp_path / "ckpt"
+    seed_checkpoints(smollm2_path, root)
+    smol_dir = next(root.iterdir())
+    # A qwen4exp engine looks in its own directory; plant SmolLM2's files there.
+    with Engine(profile(qwen_path), checkpoint_root=root) as engine:
+        engine.load()
+        qwen_dir = engine.checkpoints.disk.dir
+    for f in smol_dir.glob(f"*{cf.SUFFIX}"):
+        shutil.copy(f, qwen_dir / f.name)
+    done, warnings = fresh_turn(qwen_path, root)
+    assert done.stats.checkpoint["source"] == "none"
+    assert sum("belongs to another model" in w for w in warnings) == 2
+    # Other context parameters (KV cache type): a separate directory, never a candidate.
+    done, warnings = fresh_turn(smollm2_path, root)
+    assert done.stats.checkpoint["source"] == "disk"
+    other = test_profile(smollm2_path, context={"type_k": "f32", "type_v": "f32"},
+                         checkpoints={"interval_tokens": 0})
+    with Engine(other, checkpoint_root=root) as engine:
+        engine.load()
+        done, warnings = turn(engine)
+    assert done.stats.checkpoint["source"] == "none" and warnings == []
+    # ... and a file moved into the wrong layout's directory is caught by its header.
+    f32_dir = next(d for d in root.iterdir() if d not in (smol_dir, qwen_dir)
+                   and any(d.iterdir()))
+    for f in smol_dir.glob(f"*{cf.SUFFIX}"):
+        shutil.copy(f, f32_dir / ("x" + f.name))
+    with Engine(other, checkpoint_root=root) as engine:
+        engine.load()
+        _, warnings = turn(engine)
+    assert sum("other context parameters" in w for w in warnings) == 2
+
+
+def test_disk_budget_smaller_than_one_checkpoint(smollm2_path, tmp_path):
+    root = tmp_path / "ckpt"
+    with Engine(profile(smollm2_path, disk_budget_gib=0.0001), checkpoint_root=root) as engine:
+        engine.load()
+        done, _ = turn(engine)
+        engine.flush_checkpoints()
+        _, warnings = turn(engine)
+    assert done.text
+    assert any("larger than the disk budget" in w for w in warnings)
+    assert list(root.glob(f"*/*{cf.SUFFIX}")) == []
+
+
+def test_disk_budget_is_never_exceeded(smollm2_path, tmp_path):
+    root = tmp_path / "ckpt"
+    _, files = seed_checkpoints(smollm2_path, root)
+    one = max(f.stat().st_size for f in files)
+    budget_gib = 2.5 * one / 2**30  # room for two files, not three
+    with Engine(profile(smollm2_path, disk_budget_gib=budget_gib),
+                checkpoint_root=root) as engine:
+        engine.load()
+        for i in range(3):
+            turn(engine, [ChatMessage("user", f"Count to {i + 3}.")])
+            engine.flush_checkpoints()
+            total = sum(f.stat().st_size for f in root.glob(f"*/*{cf.SUFFIX}"))
+            assert total <= budget_gib * 2**30
+
+
+def test_read_only_checkpoint_dir(smollm2_path, tmp_path):
+    root = tmp_path / "ckpt"
+    with Engine(profile(smollm2_path), checkpoint_root=root) as engine:
+        engine.load()
+        ckpt_dir = engine.checkpoints.disk.dir
+    if subprocess.run(["chattr", "+i", str(ckpt_dir)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        with Engine(profile(smollm2_path), checkpoint_root=root) as engine:
+            engine.load()
+            done, _ = turn(engine)
+            engine.flush_checkpoints()
+            again, warnings = turn(engine, [ChatMessage("user", "Name a third colour.")])
+        assert done.text and again.text
+        assert any("could not save checkpoint" in w for w in warnings)
+    finally:
+        subprocess.run(["chattr", "-i", str(ckpt_dir)], check=True)
+
+
+FULL_DISK_CHILD = r"""
+import resource, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full disk: writes fail with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.engine import Engine
+from velo_chat.engine.events import EngineWarning, TurnDone
+from tests.support.engine_helpers import test_profile
+p = test_profile(Path(sys.argv[1]), checkpoints={"interval_tokens": 0})
+with Engine(p, checkpoint_root=Path(sys.argv[2])) as e:
+    e.load()
+    list(e.turn([ChatMessage("user", "Hi")], max_tokens=8))
+    e.flush_checkpoints()
+    events = list(e.turn([ChatMessage("user", "Hello")], max_tokens=8))
+    assert isinstance(events[-1], TurnDone) and events[-1].text
+    for ev in events:
+        if isinstance(ev, EngineWarning):
+            print("WARNING", ev.message)
+"""
+
+
+def test_full_disk(smollm2_path, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(smollm2_path),
+                           str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "WARNING could not save checkpoint" in proc.stdout
+    assert not list((tmp_path / "ckpt").glob(f"*/*{cf.SUFFIX}"))
+
+
+KILL_WRITER_CHILD = r"""
+import os, sys, time
+from pathlib import Path
+import numpy as np
+from velo_chat.engine.checkpoint_tiers import DiskTier
+tier = DiskTier(Path(sys.argv[1]), "f" * 64, {"k": 1}, 2**34, print)
+tier.save("big", np.arange(1000, dtype=np.int32), bytearray(os.urandom(1 << 20)) * 200)
+time.sleep(60)
+"""
+
+
+def test_sigkill_while_writing_a_checkpoint(tmp_path):
+    from velo_chat.engine.checkpoint_tiers import DiskTier
+
+    root = tmp_path / "ckpt"
+    child = subprocess.Popen([sys.executable, "-c", KILL_WRITER_CHILD, str(root)],
+                             cwd=Path(__file__).parent.parent)
+    deadline = time.monotonic() + 60
+    while not list(root.glob("*/.*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert list(root.glob("*/.*.tmp")), "the writer should have been killed mid-write"
+    warnings: list[str] = []
+    tier = DiskTier(root, "f" * 64, {"k": 1}, 2**34, warnings.append)
+    assert not list(root.glob("*/.*.tmp"))  # the partial file is gone
+    for entry in tier.entries.values():  # whatever is left is whole
+        cf.read_header(entry.path)
+        with tier.open_payload(entry) as payload:
+            assert len(payload.view) == 200 << 20
+    tier.close()
+
+
+def test_sigkill_while_generating_keeps_the_messages(velo_home):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "velo_chat.app.cli", "ask", "Write a long story about a cat.",
+         "--max-tokens", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ}, cwd=Path(__file__).parent.parent)
+    got = b""
+    while len(got) < 200:
+        chunk = proc.stdout.read1(64)
+        if not chunk:
+            break
+        got += chunk
+    time.sleep(1.2)  # let the reply be flushed to the store once
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    db = velo_home / "data" / "sessions.sqlite3"
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT role, status, content FROM messages ORDER BY position").fetchall()
+        sid = conn.execute("SELECT id FROM sessions").fetchone()[0]
+    assert rows[0] == ("user", "complete", "Write a long story about a cat.")
+    assert rows[1][0:2] == ("assistant", "interrupted") and len(rows[1][2]) > 0
+    again = run_cli("ask", "Give it a title.", "--session", sid, "--max-tokens", "8", "--json")
+    assert again.returncode == 0, again.stderr
+
+
+LOCK_CHILD = r"""
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(30)
+"""
+
+
+def test_database_locked_by_another_process(velo_home):
+    first = run_cli("ask", "Hello!", "--max-tokens", "4", "--json")
+    assert first.returncode == 0, first.stderr
+    db = velo_home / "data" / "sessions.sqlite3"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_CHILD, str(db)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        proc = run_cli("ask", "Are you there?", "--max-tokens", "4")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "locked" in proc.stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2
