@@ -63,6 +63,10 @@ def mem_available_bytes() -> int:
     raise OSError("MemAvailable not found in /proc/meminfo")
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
+
+
 class PleTable:
     """A GGUF tensor mapped read-only and exposed to one CUDA device in place."""
 
@@ -101,7 +105,17 @@ class PleTable:
 
         with self._device:
             self.mode, self.mode_reason = self._choose(mode)
-            self.device_ptr = self._enable(self.mode)
+            try:
+                self.device_ptr = self._enable(self.mode)
+            except Exception as exc:  # noqa: BLE001 - CUDA reports refusals as various errors
+                if self.mode != "registered":
+                    raise
+                if mode == "registered":
+                    self.close()
+                    raise PleTableError(f"registered mode failed: cudaHostRegister: {exc}") from exc
+                log.warning("PLE table falls back to staged copies: cudaHostRegister failed: %s", exc)
+                self.mode, self.mode_reason = "staged", f"cudaHostRegister failed: {exc}"
+                self.device_ptr = self._enable(self.mode)
             self._err = cupy.zeros(3, dtype=np.int32)
             self._idx_pinned: np.ndarray | None = None
             self._raw_pinned: np.ndarray | None = None
@@ -126,8 +140,9 @@ class PleTable:
         avail = mem_available_bytes()
         limit = int(avail * self.max_register_fraction)
         if self._map_len > limit:
-            return (f"pinning {self._map_len / 2**30:.2f} GiB would exceed {self.max_register_fraction:.0%}"
-                    f" of the {avail / 2**30:.2f} GiB RAM available (limit {limit / 2**30:.2f} GiB)")
+            return (f"pinning {_size(self._map_len)} would exceed max_register_fraction="
+                    f"{self.max_register_fraction:g} of the {_size(avail)} RAM available "
+                    f"(limit {_size(limit)})")
         return None
 
     def _choose(self, mode: str) -> tuple[Mode, str]:
