@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="prompt sizes in tokens (capped by n_ctx)")
     bench.add_argument("--decode-tokens", type=_positive, default=256, metavar="N")
     bench.add_argument("--repeats", type=_positive, default=3, metavar="N")
+    bench.add_argument("--resume-tokens", type=_positive, default=7680, metavar="N",
+                       help="conversation size for the resume section (cold/warm/disk TTFT)")
+    bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
     bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
     fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")

@@ -103,11 +103,19 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
         _stream(engine, turn, events, post, cancel, is_cancelled)
 
 
+STREAM_INTERVAL = 1 / 30
+"""Seconds of token time between two `TokensStreamed` posts. Rendering is Python that competes
+with the decode loop for the GIL and the cores; 30 updates a second look live and cost little
+(benchmarks/tui_decode.py measures it)."""
+
+
 def _stream(engine, turn, events, post: Post, cancel: threading.Event,
             is_cancelled: Callable[[], bool]) -> None:
     text = ""
     n_tokens = 0
     t_first = 0.0
+    t_posted = t_last = float("-inf")
+    pending = False
     stats = None
     failed = None
     try:
@@ -119,7 +127,10 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                 if n_tokens == 1:
                     t_first = event.t
                 text += event.text
-                post(TokensStreamed(text, n_tokens, t_first, event.t))
+                pending, t_last = True, event.t
+                if event.t - t_posted >= STREAM_INTERVAL:
+                    post(TokensStreamed(text, n_tokens, t_first, event.t))
+                    t_posted, pending = event.t, False
             elif isinstance(event, PrefillProgress):
                 post(PrefillUpdated(event))
             elif isinstance(event, TurnStarted):
@@ -128,6 +139,8 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                 post(EngineNotice(event.message))
             elif isinstance(event, TurnDone):
                 stats = event.stats
+                if pending:
+                    post(TokensStreamed(text, n_tokens, t_first, t_last))
             elif isinstance(event, TurnFailed):
                 failed = event.reason
     except Exception as exc:  # record() already marked the reply interrupted

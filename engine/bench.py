@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chat_template import ChatMessage
+from .bench_resume import run_resume_bench
 from .engine import Engine
-from .events import TurnDone, TurnStats
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +48,17 @@ class BenchResult:
 
 def conversation_of(engine: Engine, n_tokens: int) -> list[ChatMessage]:
     """A one-message conversation whose rendered prompt is about `n_tokens` tokens."""
-    unit = len(engine.tokens_for([ChatMessage("user", FILLER * 8)])) - len(
-        engine.tokens_for([ChatMessage("user", "")]))
-    per_filler = max(1.0, unit / 8)
     base = len(engine.tokens_for([ChatMessage("user", "")]))
-    reps = max(0, int((n_tokens - base) / per_filler))
+    per_filler = (len(engine.tokens_for([ChatMessage("user", FILLER * 64)])) - base) / 64
+    reps = max(0, round((n_tokens - base) / max(per_filler, 1.0)))
     return [ChatMessage("user", FILLER * reps)]
 
 
-def _turn_stats(engine: Engine, messages: list[ChatMessage], **kwargs: Any) -> TurnStats:
-    for event in engine.turn(messages, **kwargs):
-        if isinstance(event, TurnDone):
-            return event.stats
-    raise RuntimeError("turn ended without TurnDone")
-
-
 def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFILL_SIZES,
-              decode_tokens: int = 256, repeats: int = 3,
+              decode_tokens: int = 256, repeats: int = 3, resume_tokens: int = 0,
               on_progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Run every section. With `resume_tokens`, the resume section runs last and closes the
+    engine (its fresh-process probe must not share the machine with a second copy)."""
     note = on_progress or (lambda _s: None)
     model, ctx = engine.model, engine.ctx
     assert model is not None and ctx is not None, "load the engine first"
@@ -80,7 +73,7 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
         messages = conversation_of(engine, size)
         engine.reset()
         note(f"prefill {size} tokens")
-        stats = _turn_stats(engine, messages, max_tokens=1)
+        stats = engine.complete(messages, max_tokens=1).stats
         result.prefill.append({
             "tokens": stats.prefill_tokens, "tok_s": round(stats.prefill_tok_s, 1),
             "ttft_s": round(stats.ttft_s, 4),
@@ -91,7 +84,7 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
     for i in range(repeats):
         engine.reset()
         note(f"decode {decode_tokens} tokens (run {i + 1}/{repeats})")
-        stats = _turn_stats(engine, messages, max_tokens=decode_tokens, ignore_eos=True)
+        stats = engine.complete(messages, max_tokens=decode_tokens, ignore_eos=True).stats
         runs.append(stats)
     ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
     best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
@@ -107,6 +100,9 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
         "repeats": repeats,
     }
     engine.reset()
+    if resume_tokens > 0:
+        note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
+        result.sections["resume"] = run_resume_bench(engine, tokens=resume_tokens)
     return result
 
 
@@ -128,5 +124,16 @@ def format_table(result: BenchResult) -> str:
             f"{d['repeats']}), graphs reused {d['graphs_reused']}",
             f"overhead  wall {d['wall_ms']:.1f} ms / llama eval {d['llama_eval_ms']:.1f} ms = "
             f"{d['overhead']:.4f}  (runs: {', '.join(f'{r:.4f}' for r in d['overhead_runs'])})",
+        ]
+    r = result.sections.get("resume")
+    if r:
+        lines += [
+            "",
+            f"resume    follow-up to a {r['conversation_tokens']:,}-token conversation, TTFT:",
+            f"          cold {r['cold_ttft_s']:.3f} s   warm (live) {r['warm_ttft_s']:.3f} s   "
+            f"disk, fresh process {r['disk_ttft_s']:.3f} s (restore {r['disk_restore_s']:.3f} s,"
+            f" source {r['disk_source']})",
+            f"          disk/warm {r['disk_over_warm']:.2f}x   cold/disk {r['cold_over_disk']:.1f}x"
+            f"   checkpoint file/state {r['file_over_state']:.4f}",
         ]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ may only continue exactly from a state saved after a prefix of the new tokens.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -20,13 +21,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import default_model, locations
 from .chat_template import ChatMessage
 from .checkpoints import Candidate, Checkpoints
-from .events import EngineEvent, ModelLoaded, ModelLoading
+from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
 from .profile_schema import Profile, SamplingSettings
@@ -137,6 +139,31 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def checkpoints_at(self, root: Path | None) -> Iterator[None]:
+        """Use another checkpoint directory (None: no checkpoints) for a while; the benchmark
+        measures cold and restored turns with the model it already has loaded."""
+        model, ctx = self._require()
+        saved = self.checkpoints
+        self.checkpoints = None if root is None else Checkpoints(
+            self.profile.checkpoints, fingerprint=model.fingerprint, ctx=ctx,
+            hybrid=model.hybrid, root=root)
+        try:
+            yield
+        finally:
+            if self.checkpoints is not None:
+                self.checkpoints.close()
+            self.checkpoints = saved
+
+    def complete(self, messages: Sequence[ChatMessage], **kwargs: Any) -> TurnDone:
+        """Run a turn to its end and return its `TurnDone` (TurnFailed raises RuntimeError)."""
+        for event in self.turn(messages, **kwargs):
+            if isinstance(event, TurnDone):
+                return event
+            if isinstance(event, TurnFailed):
+                raise RuntimeError(event.reason)
+        raise RuntimeError("the turn ended without TurnDone")
 
     def reset(self) -> None:
         """Forget the live sequence (checkpoints stay)."""

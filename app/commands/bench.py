@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     with load_engine(profile, args.model, quiet=args.json) as engine:
         result = run_bench(engine, profile_name=profile.name, prefill_sizes=sizes,
                            decode_tokens=args.decode_tokens, repeats=args.repeats,
+                           resume_tokens=0 if args.no_resume else args.resume_tokens,
                            on_progress=note)
     if not quiet:
         sys.stderr.write("\r\033[K")

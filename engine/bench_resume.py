@@ -1,0 +1,78 @@
+"""The resume section of `velo-chat bench`: what prefix checkpoints buy on a follow-up turn.
+
+For a conversation of about `tokens` tokens it measures the TTFT of the same follow-up turn:
+cold (no reuse), warm (the live context of the process that ran the previous turn) and restored
+from disk in a fresh process (`python -m velo_chat.engine.resume_probe`: a new model load, an
+empty RAM tier, only the checkpoint files the first process wrote). It also compares the bytes of
+the boundary checkpoint on disk with the size of the state it holds.
+
+The benchmark's own engine is closed before the fresh process starts, so a big model is never
+loaded twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint_file as cf
+from .chat_template import ChatMessage
+from .engine import Engine
+from .profiles import profile_to_toml
+
+FOLLOW_UP = "Summarize all of that in one sentence."
+
+
+def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> dict[str, Any]:
+    """Measure, then close `engine` (the fresh-process probe needs the memory)."""
+    from .bench import conversation_of
+
+    assert engine.ctx is not None
+    first = conversation_of(engine, min(tokens, engine.ctx.n_ctx - reply_tokens - 64))
+    with tempfile.TemporaryDirectory(prefix="velo-bench-ckpt-") as tmp:
+        root = Path(tmp)
+        engine.reset()
+        with engine.checkpoints_at(root):
+            reply = engine.complete(first, max_tokens=reply_tokens).text
+            follow = first + [ChatMessage("assistant", reply), ChatMessage("user", FOLLOW_UP)]
+            warm = engine.complete(follow, max_tokens=1).stats
+        engine.reset()
+        with engine.checkpoints_at(None):
+            cold = engine.complete(follow, max_tokens=1).stats
+        largest = max(root.glob(f"*/*{cf.SUFFIX}"), key=lambda p: p.stat().st_size)
+        header, _, _ = cf.read_header(largest)
+        file_bytes = largest.stat().st_size
+        profile = dataclasses.replace(engine.profile, checkpoints=dataclasses.replace(
+            engine.profile.checkpoints, enabled=True))
+        model_path = str(engine.model_path)
+        engine.close()
+        probe = subprocess.run(
+            [sys.executable, "-m", "velo_chat.engine.resume_probe", str(root), model_path],
+            input=json.dumps({"profile_toml": profile_to_toml(profile),
+                              "messages": [{"role": m.role, "content": m.content}
+                                           for m in follow]}),
+            capture_output=True, text=True, timeout=3600,
+        )
+        if probe.returncode != 0:
+            raise RuntimeError(f"resume probe failed: {probe.stderr.strip()[-500:]}")
+        disk = json.loads(probe.stdout)
+    return {
+        "conversation_tokens": warm.prompt_tokens,
+        "cold_ttft_s": round(cold.ttft_s, 4),
+        "warm_ttft_s": round(warm.ttft_s, 4),
+        "warm_cached_tokens": warm.cached_tokens,
+        "disk_ttft_s": round(disk["ttft_s"], 4),
+        "disk_source": disk["checkpoint"]["source"],
+        "disk_cached_tokens": disk["cached_tokens"],
+        "disk_restore_s": disk["checkpoint"]["restore_s"],
+        "disk_over_warm": round(disk["ttft_s"] / warm.ttft_s, 3),
+        "cold_over_disk": round(cold.ttft_s / disk["ttft_s"], 2),
+        "checkpoint_file_bytes": file_bytes,
+        "state_bytes": header.payload_bytes,
+        "file_over_state": round(file_bytes / header.payload_bytes, 5),
+    }
