@@ -194,3 +194,32 @@ def test_max_tokens_and_sampling_options(smol_engine):
     a = done_of(collect(smol_engine.turn(QUESTION, sampling=hot))).text
     b = done_of(collect(smol_engine.turn(QUESTION, sampling=hot))).text
     assert a == b, "the same seed gives the same sample"
+
+
+def test_threads_never_exceed_the_usable_cores(smollm2_path):
+    from velo_chat.engine.llama_context import resolve_threads, usable_cores
+
+    assert resolve_threads(0) == usable_cores()
+    assert resolve_threads(10_000) == usable_cores()
+    assert resolve_threads(1) == 1
+
+
+def test_a_model_without_chat_template_is_a_clear_error():
+    from velo_chat.engine.chat_template import ChatTemplate, ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="has no chat template"):
+        ChatTemplate(None, bos_token="", eos_token="", model_name="m.gguf")
+    with pytest.raises(ChatTemplateError, match="cannot parse"):
+        ChatTemplate("{% for %}", bos_token="", eos_token="")
+    raising = ChatTemplate("{{ raise_exception('roles must alternate') }}", bos_token="",
+                           eos_token="")
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        raising.render([ChatMessage("user", "hi")])
+
+
+def test_the_engine_prints_nothing(smollm2_path, capfd):
+    with Engine(test_profile(smollm2_path, checkpoints={"enabled": False})) as engine:
+        engine.load()
+        engine.complete(QUESTION, max_tokens=4)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

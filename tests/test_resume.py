@@ -157,3 +157,33 @@ def test_preview_matches_the_turn(model_path, tmp_path):
         assert (preview.cached_tokens, preview.prefill_tokens, preview.source) == (
             started.cached_tokens, started.prefill_tokens, started.source)
         assert preview.est_prefill_s is not None and preview.est_prefill_s > 0
+
+
+def test_interval_checkpoints_let_an_edited_early_message_reuse_most_of_it(qwen_path, tmp_path):
+    """Inside a long prefill a checkpoint is saved every `interval_tokens`: editing the end of
+    a long first message on a hybrid model resumes from the last one before the edit."""
+    long_text = " ".join(f"Item {i}: a line of context for the task." for i in range(40))
+    original = [ChatMessage("user", long_text + " Summarise the items.")]
+    edited = [ChatMessage("user", long_text + " Count the items.")]
+    profile = test_profile(qwen_path, context={"n_batch": 16, "n_ubatch": 16},
+                           checkpoints={"interval_tokens": 64})
+    with Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
+        engine.load()
+        events = list(engine.turn(original, max_tokens=4))
+        saved = [e.tokens for e in events if type(e).__name__ == "CheckpointSaved"]
+        prompt_tokens = events[0].prompt_tokens
+        assert saved[:-2] == list(range(64, prompt_tokens - 1, 64))
+        assert saved[-2] == prompt_tokens - 1
+        engine.reset()
+        done = engine.complete(edited, max_tokens=4)
+    before, after = _tokens(qwen_path, original), _tokens(qwen_path, edited)
+    shared = next(i for i, (a, b) in enumerate(zip(before, after)) if a != b)
+    assert done.stats.checkpoint["source"] == "ram"
+    assert done.stats.cached_tokens == shared // 64 * 64
+    assert done.stats.cached_tokens > len(before) * 0.7
+
+
+def _tokens(path: Path, messages: list[ChatMessage]) -> list[int]:
+    with Engine(profile_for(path, enabled=False)) as engine:
+        engine.load()
+        return engine.tokens_for(messages)
