@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     ask = sub.add_parser("ask", help="one turn, streamed to stdout")
-    ask.add_argument("prompt", help="the message; '-' reads it from stdin")
+    ask.add_argument("prompt", nargs="?", help="the message; '-' reads it from stdin")
     which = ask.add_mutually_exclusive_group()
     which.add_argument("--session", metavar="ID", help="continue this session (id or prefix)")
     which.add_argument("--new", action="store_true", help="start a new session (the default)")
@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-tokens", type=_positive, metavar="N")
     ask.add_argument("--temperature", type=_nonneg_float, metavar="T")
     ask.add_argument("--seed", type=_seed, metavar="S")
+    redo = ask.add_mutually_exclusive_group()
+    redo.add_argument("--regenerate", action="store_true",
+                      help="with --session: answer the last user message again")
+    redo.add_argument("--edit-last", action="store_true",
+                      help="with --session: replace the last user message with PROMPT")
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
     profiles = sub.add_parser("profiles", help="list or show profiles")

@@ -71,6 +71,14 @@ class RecordedTurn:
         )
 
 
+def last_user_position(messages: Sequence[Message]) -> int | None:
+    """Where the last user message is (regenerate and edit-last-message restart from it)."""
+    for m in reversed(messages):
+        if m.role == "user":
+            return m.position
+    return None
+
+
 def begin_turn(store: SessionStore, session: Session, user_text: str) -> RecordedTurn:
     """Persist the user's message and a placeholder reply (call it once the engine accepted the
     turn, so a rejected prompt writes nothing)."""

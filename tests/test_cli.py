@@ -25,6 +25,12 @@ def ask_json(*args: str) -> dict:
     return json.loads(proc.stdout)
 
 
+def proc_stderr_is_empty(prompt: str) -> bool:
+    """Nothing from llama.cpp or the engine reaches the terminal (it all goes to the log)."""
+    proc = run_cli("ask", prompt, "--json", "--max-tokens", "4")
+    return proc.returncode == 0 and proc.stderr == ""
+
+
 def session_count(home: Path) -> int:
     db = home / "data" / "sessions.sqlite3"
     if not db.exists():
@@ -49,6 +55,8 @@ def test_ask_answers_with_the_default_model(velo_home):
     assert s["decode_tokens"] > 0 and s["decode_tok_s"] > 0
     assert s["prefill_tokens"] + s["cached_tokens"] == s["prompt_tokens"]
     assert session_count(velo_home) == 1 and message_count(velo_home) == 2
+    assert proc_stderr_is_empty("Hello")
+    assert (velo_home / "logs" / "velo-chat.log").read_text().count("llama_model_loader") > 0
 
 
 def test_ask_continues_a_session_and_sessions_commands_work(velo_home):
@@ -69,6 +77,23 @@ def test_ask_continues_a_session_and_sessions_commands_work(velo_home):
     assert run_cli("sessions", "rename", forked, "Fruit fork").returncode == 0
     assert run_cli("sessions", "delete", forked).returncode == 0
     assert session_count(velo_home) == 1
+
+
+def test_regenerate_and_edit_last_resume_from_disk_in_a_new_process(velo_home):
+    first = ask_json("Name a fruit.")
+    sid = first["session_id"]
+    second = ask_json("Name another one.", "--session", sid)
+    regen = ask_json("--session", sid, "--regenerate")
+    assert regen["text"] == second["text"]  # greedy: the same answer again
+    s = regen["stats"]
+    assert s["checkpoint"]["source"] == "disk" and s["cached_tokens"] == s["prompt_tokens"] - 1
+    edit = ask_json("Name a vegetable.", "--session", sid, "--edit-last")
+    assert edit["stats"]["checkpoint"]["source"] == "disk"
+    assert edit["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"]
+    shown = run_cli("sessions", "show", sid).stdout
+    assert "Name a vegetable." in shown and "Name another one." not in shown
+    assert shown.count("## user") == 2 and shown.count("## assistant") == 2
+    assert_user_error(run_cli("ask", "x", "--regenerate"), "need --session")
 
 
 def test_ask_streams_plain_text(velo_home):

@@ -9,12 +9,14 @@ import sys
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
 
-from ..conversation import begin_turn, engine_messages, record
+from ..conversation import begin_turn, engine_messages, last_user_position, record
 from ..errors import UserError
 from .common import load_engine, open_store, override_sampling, resolve_profile
 
 
-def _read_prompt(raw: str) -> str:
+def _read_prompt(raw: str | None) -> str:
+    if raw is None:
+        raise UserError("a prompt is needed (or --regenerate with --session)")
     text = sys.stdin.read() if raw == "-" else raw
     if not text.strip():
         raise UserError("the prompt is empty")
@@ -22,7 +24,12 @@ def _read_prompt(raw: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = _read_prompt(args.prompt)
+    rewind = args.regenerate or args.edit_last
+    if rewind and not args.session:
+        raise UserError("--regenerate and --edit-last need --session ID")
+    if args.regenerate and args.prompt is not None:
+        raise UserError("--regenerate takes no prompt (it asks the last question again)")
+    prompt = None if args.regenerate else _read_prompt(args.prompt)
     with open_store() as store:
         session = store.get_session(store.resolve_id(args.session)) if args.session else None
         profile_name = args.ask_profile or args.profile or (session.profile if session else None)
@@ -31,8 +38,18 @@ def run(args: argparse.Namespace) -> int:
         with load_engine(profile, args.model, quiet=args.json) as engine:
             system_prompt = session.system_prompt if session else profile.system_prompt
             stored = store.messages(session.id) if session else []
+            cut = None
+            if rewind:  # restart from the last user message (its reply is replaced)
+                cut = last_user_position(stored)
+                if cut is None:
+                    raise UserError("the session has no user message to regenerate or edit")
+                prompt = prompt if prompt is not None else next(
+                    m.content for m in stored if m.position == cut)
+                stored = [m for m in stored if m.position < cut]
             messages = engine_messages(system_prompt, stored) + [ChatMessage("user", prompt)]
             events = engine.turn(messages)  # raises on a prompt that does not fit: nothing saved
+            if cut is not None:
+                store.delete_messages_after(session.id, cut - 1)
             if session is None:
                 session = store.create_session(profile.name, system_prompt=system_prompt,
                                                model_fingerprint=engine.model.fingerprint)
