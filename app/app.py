@@ -84,11 +84,7 @@ class VeloChatApp(App[None]):
             self.theme = profile.display.theme
 
     def on_unmount(self) -> None:
-        for screen in self.screen_stack:
-            stop = getattr(screen, "stop_engine_work", None)
-            if stop is not None:
-                stop()
-        self.host.close()
+        self.host.close()  # the chat screen told a running turn to stop when it unmounted
         if self._owns_store:
             self.store.close()
 

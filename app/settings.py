@@ -1,7 +1,7 @@
 """App-level settings (not profile settings): the `keymap` table in settings.toml.
 
 settings.toml is shared with `engine/profiles.py`, which owns its `active_profile` line; this
-module only reads the `[keymap]` table (binding id -> keys, e.g. `"session.new" = "ctrl+k"`).
+module only reads the `[keymap]` table (binding id -> keys, e.g. `"session.new" = "ctrl+g"`).
 An unknown id or a non-string value is reported, not fatal: a typo must not stop the app.
 """
 
@@ -39,7 +39,7 @@ def load_app_settings(path: Path | None = None) -> AppSettings:
         if key not in BY_ID:
             problems.append(f"{path.name}: unknown binding id keymap.{key}")
         elif not isinstance(value, str) or not value.strip():
-            problems.append(f"{path.name}: keymap.{key} must be a key string like \"ctrl+k\"")
+            problems.append(f"{path.name}: keymap.{key} must be a key string like \"ctrl+g\"")
         else:
             keymap[key] = value.strip()
     return AppSettings(keymap=keymap, problems=tuple(problems))

@@ -280,3 +280,21 @@ async def test_bad_value_is_refused_as_typed(tmp_path):
         box.value = "0.9"
         await pilot.pause()
         assert str(screen.query_one("#f-sampling--top_p-error").render()) == ""
+
+
+async def test_keymap_rebinds_and_palette_lists_actions(tmp_path):
+    from velo_chat.app.settings import AppSettings
+
+    app, _ = fake_app(tmp_path)
+    app.settings = AppSettings(keymap={"session.new": "ctrl+g"})
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "hello")
+        assert chat(app).session is not None
+        await pilot.press("ctrl+g")
+        await pilot.pause()
+        assert chat(app).session is None
+        titles = {c.title for c in app.get_system_commands(chat(app))}
+        for expected in ("New session", "Rename session", "Delete session", "Fork session",
+                         "Export session (Markdown)", "Copy the message", "Stop the reply",
+                         "Help: every key", "Settings: profiles"):
+            assert expected in titles

@@ -195,6 +195,9 @@ class ChatScreen(SessionActions, Screen[None]):
         self._reply = self._user_view = None
         self.query_one("#preview-line", Static).update("")
 
+    def on_unmount(self) -> None:
+        self.stop_engine_work()
+
     def stop_engine_work(self) -> None:
         """The app is closing: stop a running turn or load so the engine can be closed."""
         self._cancel.set()

@@ -1,0 +1,112 @@
+"""Snapshot tests of the main screens and states (pytest-textual-snapshot), on the fake engine
+with fixed clocks, fixed memory, no cursor blink and a fixed terminal size.
+
+Update after an intended visual change: `pytest tests/test_tui_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from velo_chat.app.dialogs.message import MessageDialog
+from velo_chat.app.screens.chat import ChatScreen
+from velo_chat.app.widgets.composer.composer import Composer
+from velo_chat.engine.gguf_file import GGUFError
+
+from tests.support.fake_engine import FakeScript
+from tests.support.tui_helpers import fake_app
+
+pytestmark = pytest.mark.usefixtures("bare_home")
+SIZE = (100, 30)
+CODE_REPLY = ("Use a list comprehension:\n\n```python\nsquares = [n * n for n in range(10)]\n"
+              "print(squares)\n```\n\nIt builds the list in one pass.")
+
+
+def chat(app) -> ChatScreen:
+    return next(s for s in app.screen_stack if isinstance(s, ChatScreen))
+
+
+async def wait_for(cond, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def sender(text: str, *, until_idle: bool = True):
+    async def run(pilot) -> None:
+        screen = chat(pilot.app)
+        await wait_for(lambda: screen.model_ready)
+        screen.query_one(Composer).load_text(text)
+        await pilot.press("enter")
+        if until_idle:
+            await wait_for(lambda: not screen.busy)
+        await pilot.pause(0.2)
+    return run
+
+
+def test_empty_state(snap_compare, tmp_path):
+    app, _ = fake_app(tmp_path)
+
+    async def ready(pilot):
+        await wait_for(lambda: chat(pilot.app).model_ready)
+        await pilot.pause()
+    assert snap_compare(app, terminal_size=SIZE, run_before=ready)
+
+
+def test_session_with_code_answer(snap_compare, tmp_path):
+    app, _ = fake_app(tmp_path, FakeScript(reply=CODE_REPLY))
+    assert snap_compare(app, terminal_size=SIZE, run_before=sender("squares of 0..9 in python"))
+
+
+def test_streaming_with_live_panel(snap_compare, tmp_path):
+    script = FakeScript(reply=CODE_REPLY * 3, pause_after=60, dt=0.004)
+    app, _ = fake_app(tmp_path, script)
+
+    async def run(pilot):
+        await sender("stream please", until_idle=False)(pilot)
+        screen = chat(pilot.app)
+        await wait_for(lambda: screen._reply is not None and len(screen._reply.text) >= 120)
+        await pilot.pause(0.3)
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run)
+    finally:
+        script.gate.set()
+
+
+def test_prefill_progress(snap_compare, tmp_path):
+    script = FakeScript(pause_in_prefill=True)
+    app, _ = fake_app(tmp_path, script)
+
+    async def run(pilot):
+        await sender("a long document " * 40, until_idle=False)(pilot)
+        await wait_for(lambda: chat(pilot.app).query_one("#panel-prefill").display)
+        await pilot.pause(0.2)
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run)
+    finally:
+        script.gate.set()
+
+
+def test_settings_screen(snap_compare, tmp_path):
+    app, _ = fake_app(tmp_path)
+
+    async def run(pilot):
+        await wait_for(lambda: chat(pilot.app).model_ready)
+        await pilot.press("f2")
+        await pilot.pause(0.2)
+    assert snap_compare(app, terminal_size=SIZE, run_before=run)
+
+
+def test_error_dialog(snap_compare, tmp_path):
+    script = FakeScript(load_error=GGUFError(
+        "/models/broken.gguf: not a GGUF file (bad magic b'PK\\x03\\x04')"))
+    app, _ = fake_app(tmp_path, script)
+
+    async def run(pilot):
+        await wait_for(lambda: isinstance(pilot.app.screen, MessageDialog))
+        await pilot.pause()
+    assert snap_compare(app, terminal_size=SIZE, run_before=run)

@@ -1,0 +1,65 @@
+"""Unit tests of the TUI's pure parts: the decode meter, reasoning/code-block parsing, the
+keymap catalogue (every binding documented and in the palette), reload decisions, settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from velo_chat.app import keymap
+from velo_chat.app.app import reload_needed
+from velo_chat.app.screens.help import help_text
+from velo_chat.app.settings import load_app_settings
+from velo_chat.app.widgets.telemetry.meter import DecodeMeter
+from velo_chat.app.widgets.transcript.text import code_blocks, split_thinking
+from velo_chat.engine.profiles import build_profile
+
+
+def test_meter_samples_windows_of_token_time():
+    m = DecodeMeter(interval=0.25)
+    for n in range(1, 101):  # 100 tokens at 100 tok/s
+        m.update(n, 0.0, (n - 1) * 0.01)
+    assert len(m.samples) == 3 and all(abs(s - 100) < 1e-6 for s in m.samples)
+    assert abs(m.average - 100) < 1e-6 and m.peak == m.current == m.samples[-1]
+    m.reset()
+    assert m.average == 0 and m.samples == []
+
+
+def test_split_thinking_streams_without_half_tags():
+    assert split_thinking("<thi") == split_thinking("")
+    s = split_thinking("<think>\nhmm")
+    assert s.thinking == "hmm" and s.thinking_open and s.answer == ""
+    s = split_thinking("<think>plan</think>\n\nAnswer")
+    assert (s.thinking, s.answer, s.thinking_open) == ("plan", "Answer", False)
+    assert split_thinking("plain").thinking is None
+
+
+def test_code_blocks():
+    text = "a\n\n```py\nx = 1\n```\n\n    indented\n\n```\ny\n```\n"
+    assert code_blocks(text) == ["x = 1\n", "indented\n", "y\n"]
+
+
+def test_every_action_has_an_id_and_is_in_help():
+    ids = [a.id for a in keymap.ACTIONS]
+    assert len(ids) == len(set(ids))
+    text = help_text({"session.new": "ctrl+k"})
+    for a in keymap.ACTIONS:
+        assert a.id in text
+    assert "ctrl+k" in text
+
+
+def test_reload_needed():
+    base = build_profile("p", {})
+    hot = dataclasses.replace(base, sampling=dataclasses.replace(base.sampling, temperature=1.0))
+    assert reload_needed(base, hot) is None
+    ctx = dataclasses.replace(base, context=dataclasses.replace(base.context, n_ctx=4096))
+    assert reload_needed(base, ctx) == "context"
+    model = dataclasses.replace(base, model=dataclasses.replace(base.model, path="/x.gguf"))
+    assert reload_needed(base, model) == "model"
+
+
+def test_keymap_setting(tmp_path):
+    path = tmp_path / "settings.toml"
+    path.write_text('active_profile = "default"\n[keymap]\n"session.new" = "ctrl+k"\n'
+                    'bogus = "x"\n', encoding="utf-8")
+    s = load_app_settings(path)
+    assert s.keymap == {"session.new": "ctrl+k"} and "bogus" in s.problems[0]
