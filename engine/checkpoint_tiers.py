@@ -54,7 +54,7 @@ def usable_prefix(ckpt_tokens: np.ndarray, tokens: np.ndarray, *, exact: bool) -
 @dataclass
 class RamEntry:
     tokens: np.ndarray
-    state: bytearray
+    state: np.ndarray
     key: str
 
 
@@ -64,7 +64,7 @@ class RamTier:
         self.entries: collections.OrderedDict[str, RamEntry] = collections.OrderedDict()
         self.used = 0
 
-    def put(self, key: str, tokens: np.ndarray, state: bytearray) -> bool:
+    def put(self, key: str, tokens: np.ndarray, state: np.ndarray) -> bool:
         size = len(state)
         if size > self.budget:
             return False
@@ -109,7 +109,7 @@ class DiskEntry:
 class _Job:
     name: str
     tokens: np.ndarray
-    payload: bytearray
+    payload: np.ndarray
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -226,7 +226,7 @@ class DiskTier:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def save(self, name: str, tokens: np.ndarray, state: bytearray) -> None:
+    def save(self, name: str, tokens: np.ndarray, state: np.ndarray) -> None:
         """Queue a write (returns at once). Budget and I/O problems become warnings."""
         with self._lock:
             if not self.available or name in self.entries or name in self._pending:
@@ -260,7 +260,7 @@ class DiskTier:
         header = cf.CheckpointHeader(
             model_fingerprint=self.fingerprint, layout=self.layout, n_tokens=len(job.tokens),
             tokens_sha256=cf.tokens_digest(job.tokens), payload_bytes=len(job.payload),
-            payload_sha256=hashlib.sha256(job.payload).hexdigest(),
+            payload_sha256=cf.payload_digest(job.payload),
         )
         need = cf.file_size_for(header.n_tokens, header.payload_bytes, len(header.to_json()))
         if need > self.budget:

@@ -32,7 +32,7 @@ from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
 from .profile_schema import Profile, SamplingSettings
-from .turn_runner import TurnPlan, run_turn
+from .turn_runner import TurnPlan, common_prefix, run_turn
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,6 @@ def resolve_model_path(profile: Profile, override: str | Path | None = None) -> 
     if raw == "default":
         return default_model.require_default_model()
     return Path(raw).expanduser()
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
 
 
 class Engine:

@@ -13,6 +13,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from .llama_model import LlamaModel
 from .profile_schema import ContextSettings
 
@@ -92,18 +94,22 @@ class LlamaContext:
         self.settings = settings
 
     def decode(self, tokens: Sequence[int]) -> None:
-        """Append tokens to the sequence; logits are computed for the last one only."""
-        n = len(tokens)
-        if n == 1:
-            arr = self._one
-            arr[0] = tokens[0]
-        else:
-            arr = (self._ll.llama_token * n)(*tokens)
-        rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(arr, n))
-        if rc != 0:
-            if rc == 1:
-                raise DecodeError(f"the context is full ({self.n_ctx} tokens)")
-            raise DecodeError(f"llama_decode failed (code {rc}); see the log")
+        """Append tokens to the sequence; logits are computed for the last one only.
+
+        Split into n_batch pieces: llama.cpp aborts the process (GGML_ASSERT) on a bigger batch."""
+        for start in range(0, len(tokens), self.n_batch):
+            piece = tokens[start:start + self.n_batch]
+            n = len(piece)
+            if n == 1:
+                arr = self._one
+                arr[0] = piece[0]
+            else:
+                arr = (self._ll.llama_token * n)(*piece)
+            rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(arr, n))
+            if rc != 0:
+                if rc == 1:
+                    raise DecodeError(f"the context is full ({self.n_ctx} tokens)")
+                raise DecodeError(f"llama_decode failed (code {rc}); see the log")
 
     def decode_one(self, token: int) -> int:
         """The per-token hot path: no allocation, returns llama_decode's code."""
@@ -135,26 +141,26 @@ class LlamaContext:
     def state_size(self) -> int:
         return int(self._ll.llama_state_seq_get_size_ext(self.ctx, SEQ, 0))
 
-    def get_state(self) -> bytearray:
+    def get_state(self) -> np.ndarray:
         """The full sequence state (attention KV + recurrent state; flags 0), copied once.
 
-        A bytearray so llama.cpp writes straight into it; callers treat it as read-only."""
+        A uint8 array (not zero-filled first, unlike a bytearray) that llama.cpp writes straight
+        into; callers treat it as read-only."""
         size = self.state_size()
-        data = bytearray(size)
-        buf = (ctypes.c_uint8 * size).from_buffer(data)
-        n = self._ll.llama_state_seq_get_data_ext(self.ctx, buf, size, SEQ, 0)
-        del buf
-        if n != size:
-            del data[n:]
-        return data
+        data = np.empty(size, dtype=np.uint8)
+        n = self._ll.llama_state_seq_get_data_ext(
+            self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, SEQ, 0)
+        return data[:n]
 
-    def set_state(self, data: bytes | bytearray | memoryview) -> bool:
+    def set_state(self, data: bytes | bytearray | memoryview | np.ndarray) -> bool:
         """Replace the sequence with a saved state without copying the buffer in Python;
         False if llama.cpp rejects it (the sequence is then left empty)."""
         self.clear()
         n = len(data)
         if isinstance(data, bytes):
             ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+        elif isinstance(data, np.ndarray):
+            ptr = data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
         else:
             ptr = (ctypes.c_uint8 * n).from_buffer(data)
         used = self._ll.llama_state_seq_set_data_ext(self.ctx, ptr, n, SEQ, 0)

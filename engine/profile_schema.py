@@ -142,6 +142,12 @@ class CheckpointSettings:
         8192, "Also save every this many tokens inside a long prefill; 0 = only at boundaries.",
         min=0, max=1048576,
     )
+    min_prefill_tokens: int = setting(
+        256, "Save the state before a reply (what a regenerate resumes from) only after a "
+        "prefill of at least this many tokens; a shorter tail is cheaper to prefill again from "
+        "the previous boundary than to copy the whole state before the first token.",
+        min=0, max=1048576,
+    )
 
 
 @dataclass(frozen=True)

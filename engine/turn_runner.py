@@ -13,7 +13,7 @@ import codecs
 import logging
 import time
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,15 @@ from .sampling import Sampler
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +120,7 @@ def follow_up_prefix(engine: Engine, messages: tuple[ChatMessage, ...], reply: s
     history = [*messages, ChatMessage("assistant", reply)]
     a = engine.tokens_for([*history, ChatMessage("user", "A")])
     b = engine.tokens_for([*history, ChatMessage("user", "B")])
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return a[:n]
+    return a[:common_prefix(a, b)]
 
 
 def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int) -> bool:
@@ -125,33 +129,31 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int)
 
     Usually that is a few template tokens after the reply. When the reply's text tokenizes
     differently from the tokens that were sampled, an attention model truncates to the common
-    prefix; a hybrid model restarts from the prefill-end checkpoint and re-prefills the reply in
-    batches (bounded: at most twice the reply plus 64 tokens, cheaper than generating it).
+    prefix; a hybrid model (which cannot rewind) restores the best saved prefix, or starts from
+    nothing, and prefills the rest in batches, if that is at most twice the reply plus
+    `min_prefill_tokens` plus 64 tokens.
     Returns True if the context now holds exactly the boundary."""
     model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
     assert model is not None and ctx is not None
     target = follow_up_prefix(engine, plan.messages, reply)
     live = engine.live_tokens
-    c = 0
-    for x, y in zip(live, target):
-        if x != y:
-            break
-        c += 1
+    c = common_prefix(live, target)
     if c == len(target) == len(live):
         return True
     if c < len(live):
         if not model.hybrid and ctx.truncate(c):
             del live[c:]
         else:
-            budget = 2 * n_generated + 64
+            min_tail = ck.settings.min_prefill_tokens if ck else 0
+            budget = 2 * n_generated + min_tail + 64
             cand = ck.find(np.asarray(target + [-1], dtype=np.int32)) if ck else None
-            if cand is None or len(target) - cand.n_tokens > budget:
+            start = cand.n_tokens if cand is not None else 0
+            if len(target) - start > budget:
                 return False
-            restored = ck.restore(ctx, cand)
+            restored = ck.restore(ctx, cand) if (ck and cand) else None
             if restored is None:
-                engine.live_tokens = []
-                return False
-            engine.live_tokens = live = list(target[:restored.n_tokens])
+                ctx.clear()
+            engine.live_tokens = live = list(target[:restored.n_tokens if restored else 0])
     for pos in range(len(live), len(target), ctx.n_ubatch):
         chunk = target[pos:pos + ctx.n_ubatch]
         ctx.decode(chunk)
@@ -194,7 +196,8 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
     try:
         # -- prefill, one ubatch per llama_decode, pausing at the save points
         interval = ck.settings.interval_tokens if ck else 0
-        stops = _prefill_stops(cached, len(tokens), interval, save_last=ck is not None)
+        save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
+        stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last)
         pos = cached
         for stop in stops:
             while pos < stop:
@@ -261,10 +264,10 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
         close_s = 0.0
         if t_first is not None:
             t_close = time.perf_counter()
-            if ck is not None or not model.hybrid:
-                close_boundary(engine, plan, "".join(text_parts), decode_tokens)
+            closed = close_boundary(engine, plan, "".join(text_parts), decode_tokens)
             close_s = time.perf_counter() - t_close
-            yield from save_point()  # the follow-up boundary: where the next turn starts
+            if closed or not model.hybrid:
+                yield from save_point()  # the follow-up boundary: where the next turn starts
     except DecodeError as exc:
         log.warning("turn failed: %s", exc)
         ctx.clear()  # a failed decode leaves the sequence in an unknown state: start cold

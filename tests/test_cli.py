@@ -86,7 +86,11 @@ def test_regenerate_and_edit_last_resume_from_disk_in_a_new_process(velo_home):
     regen = ask_json("--session", sid, "--regenerate")
     assert regen["text"] == second["text"]  # greedy: the same answer again
     s = regen["stats"]
-    assert s["checkpoint"]["source"] == "disk" and s["cached_tokens"] == s["prompt_tokens"] - 1
+    # The default profile saves no state before a short prefill: the regenerate resumes at the
+    # boundary after the first reply, on disk, and prefills only the last question.
+    assert s["checkpoint"]["source"] == "disk"
+    assert s["cached_tokens"] >= first["stats"]["prompt_tokens"] + 1
+    assert s["prefill_tokens"] < 32
     edit = ask_json("Name a vegetable.", "--session", sid, "--edit-last")
     assert edit["stats"]["checkpoint"]["source"] == "disk"
     assert edit["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"]

@@ -147,6 +147,25 @@ def test_hybrid_model_never_truncates_its_live_state(qwen_path, tmp_path):
         assert done.text == cold(qwen_path, edited)
 
 
+def test_short_prefills_save_no_state_before_the_reply(qwen_path, tmp_path):
+    """Below `min_prefill_tokens` the copy of the whole state before the first token is not
+    worth it: only the reply boundary is saved, and a regenerate on the hybrid model resumes
+    from the boundary before the question. (An attention model would truncate the newer reply
+    boundary instead.)"""
+    profile = test_profile(qwen_path, checkpoints={"min_prefill_tokens": 10_000})
+    with Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
+        engine.load()
+        first = engine.complete(Q1, max_tokens=N)
+        assert [s["tokens"] for s in first.stats.checkpoint["saved"]] == [
+            len(engine.live_tokens)]
+        convo = follow_up(first.text)
+        engine.complete(convo, max_tokens=N)
+        engine.reset()
+        regen = engine.complete(convo, max_tokens=N)
+    assert regen.stats.checkpoint["source"] == "ram"
+    assert regen.stats.cached_tokens == first.stats.checkpoint["saved"][0]["tokens"]
+
+
 def test_preview_matches_the_turn(model_path, tmp_path):
     with Engine(profile_for(model_path), checkpoint_root=tmp_path / "ckpt") as engine:
         engine.load()

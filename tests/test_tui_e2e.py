@@ -72,7 +72,8 @@ async def test_real_engine_stream_resume_and_reopen(velo_home, smollm2_path, tmp
         await turn(pilot, screen, "Thanks!")
         messages = app2.store.messages(session_id)
         assert len(messages) == 6 and messages[-1].content.strip()
-        # A fresh process has no live context; cached_tokens > 0 here needs the disk
-        # checkpoints of issue 3 (asserted in-process above until they land).
+        # A reopened app has no live context: the turn resumes from the disk checkpoint.
         assert messages[-1].stats["prompt_tokens"] > follow_up.stats["prompt_tokens"]
+        assert messages[-1].stats["cached_tokens"] > follow_up.stats["prompt_tokens"]
+        assert messages[-1].stats["checkpoint"]["source"] == "disk"
     app2.store.close()

@@ -17,6 +17,8 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
         "model": {"path": str(model_path)},
         "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2},
         "sampling": {"temperature": 0.0, "max_tokens": 64},
+        # Short test prompts: save the state before every reply, however short the prefill.
+        "checkpoints": {"min_prefill_tokens": 0},
     }
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
