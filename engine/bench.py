@@ -69,23 +69,25 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
     )
     room = ctx.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
-    for size in sizes:
-        messages = conversation_of(engine, size)
-        engine.reset()
-        note(f"prefill {size} tokens")
-        stats = engine.complete(messages, max_tokens=1).stats
-        result.prefill.append({
-            "tokens": stats.prefill_tokens, "tok_s": round(stats.prefill_tok_s, 1),
-            "ttft_s": round(stats.ttft_s, 4),
-            "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
-        })
-    messages = conversation_of(engine, min(128, room))
-    runs = []
-    for i in range(repeats):
-        engine.reset()
-        note(f"decode {decode_tokens} tokens (run {i + 1}/{repeats})")
-        stats = engine.complete(messages, max_tokens=decode_tokens, ignore_eos=True).stats
-        runs.append(stats)
+    # Prefill and decode are measured cold: no checkpoint may shorten a prefill here.
+    with engine.checkpoints_at(None):
+        for size in sizes:
+            messages = conversation_of(engine, size)
+            engine.reset()
+            note(f"prefill {size} tokens")
+            stats = engine.complete(messages, max_tokens=1).stats
+            result.prefill.append({
+                "tokens": stats.prefill_tokens, "tok_s": round(stats.prefill_tok_s, 1),
+                "ttft_s": round(stats.ttft_s, 4),
+                "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
+            })
+        messages = conversation_of(engine, min(128, room))
+        runs = []
+        for i in range(repeats):
+            engine.reset()
+            note(f"decode {decode_tokens} tokens (run {i + 1}/{repeats})")
+            runs.append(engine.complete(messages, max_tokens=decode_tokens,
+                                        ignore_eos=True).stats)
     ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
     best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
     result.decode = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,16 +36,20 @@ def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> 
     assert engine.ctx is not None
     first = conversation_of(engine, min(tokens, engine.ctx.n_ctx - reply_tokens - 64))
     with tempfile.TemporaryDirectory(prefix="velo-bench-ckpt-") as tmp:
-        root = Path(tmp)
+        root, probe_root = Path(tmp) / "warm", Path(tmp) / "probe"
         engine.reset()
         with engine.checkpoints_at(root):
             reply = engine.complete(first, max_tokens=reply_tokens).text
             follow = first + [ChatMessage("assistant", reply), ChatMessage("user", FOLLOW_UP)]
+            # As after a user types the follow-up: the previous turn's files are written, and
+            # the fresh process gets exactly those (not what the warm turn saves next).
+            engine.flush_checkpoints()
+            shutil.copytree(root, probe_root)
             warm = engine.complete(follow, max_tokens=1).stats
         engine.reset()
         with engine.checkpoints_at(None):
             cold = engine.complete(follow, max_tokens=1).stats
-        largest = max(root.glob(f"*/*{cf.SUFFIX}"), key=lambda p: p.stat().st_size)
+        largest = max(probe_root.glob(f"*/*{cf.SUFFIX}"), key=lambda p: p.stat().st_size)
         header, _, _ = cf.read_header(largest)
         file_bytes = largest.stat().st_size
         profile = dataclasses.replace(engine.profile, checkpoints=dataclasses.replace(
@@ -52,7 +57,7 @@ def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> 
         model_path = str(engine.model_path)
         engine.close()
         probe = subprocess.run(
-            [sys.executable, "-m", "velo_chat.engine.resume_probe", str(root), model_path],
+            [sys.executable, "-m", "velo_chat.engine.resume_probe", str(probe_root), model_path],
             input=json.dumps({"profile_toml": profile_to_toml(profile),
                               "messages": [{"role": m.role, "content": m.content}
                                            for m in follow]}),
