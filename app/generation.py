@@ -23,9 +23,12 @@ from velo_chat.engine.events import (
 from velo_chat.engine.profile_schema import Profile
 from velo_chat.store import Session, SessionStore
 
+from velo_chat.engine.llama_context import usable_cores
+
 from .conversation import begin_turn, engine_messages, record
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
+from .stream_pacer import StreamPacer
 from .messages import (
     EngineNotice, ModelLoadFailed, ModelLoadProgress, ModelReady, PrefillUpdated, PreviewReady,
     TokensStreamed, TurnAccepted, TurnBegan, TurnEnded, TurnRejected,
@@ -103,10 +106,10 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
         _stream(engine, turn, events, post, cancel, is_cancelled)
 
 
-STREAM_INTERVAL = 1 / 30
-"""Seconds of token time between two `TokensStreamed` posts. Rendering is Python that competes
-with the decode loop for the GIL and the cores; 30 updates a second look live and cost little
-(benchmarks/tui_decode.py measures it)."""
+def _pacer(engine) -> StreamPacer:
+    """Paces `TokensStreamed` by the UI thread's rendering cost (see `stream_pacer.py`)."""
+    return StreamPacer(threading.main_thread().ident,
+                       ui_has_own_core=usable_cores() > engine.ctx.n_threads)
 
 
 def _stream(engine, turn, events, post: Post, cancel: threading.Event,
@@ -114,7 +117,8 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
     text = ""
     n_tokens = 0
     t_first = 0.0
-    t_posted = t_last = float("-inf")
+    t_last = float("-inf")
+    pacer = _pacer(engine)
     pending = False
     stats = None
     failed = None
@@ -128,9 +132,10 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                     t_first = event.t
                 text += event.text
                 pending, t_last = True, event.t
-                if event.t - t_posted >= STREAM_INTERVAL:
+                if pacer.due(event.t):
                     post(TokensStreamed(text, n_tokens, t_first, event.t))
-                    t_posted, pending = event.t, False
+                    pacer.posted(event.t)
+                    pending = False
             elif isinstance(event, PrefillProgress):
                 post(PrefillUpdated(event))
             elif isinstance(event, TurnStarted):

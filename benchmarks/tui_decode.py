@@ -2,8 +2,9 @@
 
 The app runs headless (Textual's test driver: it renders every frame, it just writes nowhere)
 with the real SmolLM2 engine; each TUI turn decodes a fixed number of greedy tokens
-(`ignore_eos`), streamed into the transcript and the live panel. The headless figure is the same
-engine turn driven by a plain loop, alternated with the TUI turns so both see the same machine.
+(`ignore_eos`), streamed into the transcript and the live panel. Two references, same run:
+the same engine turn driven by a plain loop in this process, alternated with the TUI turns so
+both see the same machine, and `velo-chat bench`'s decode figure from its own process.
 
     .venv/bin/python benchmarks/tui_decode.py [--tokens 256] [--repeats 3]
 """
@@ -46,6 +47,17 @@ def headless_turn(engine, prompt: str, tokens: int) -> float:
     raise RuntimeError("no TurnDone")
 
 
+def cli_bench_decode(tokens: int, repeats: int) -> float:
+    """Decode tok/s from `velo-chat bench` in its own process (median of its repeats)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "velo_chat.app.cli", "bench", "--json", "--no-resume",
+         "--prefill-sizes", "64", "--decode-tokens", str(tokens), "--repeats", str(repeats)],
+        capture_output=True, text=True, check=True)
+    return float(json.loads(proc.stdout)["decode"]["tok_s"])
+
+
 async def main(args: argparse.Namespace) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from velo_chat.app.app import make_app
@@ -80,10 +92,12 @@ async def main(args: argparse.Namespace) -> dict:
         for i in range(args.repeats):
             await pilot.press("ctrl+n")
             await pilot.pause()
+            await asyncio.sleep(1.0)
             headless.append(headless_turn(headless_engine, prompt, args.tokens))
             tui.append(await tui_turn(pilot, screen, prompt))
     headless_engine.close()
     store.close()
+    cli = cli_bench_decode(args.tokens, args.repeats)
     t_med, h_med = statistics.median(tui), statistics.median(headless)
     return {
         "benchmark": "tui_decode", "model": model.name, "decode_tokens": args.tokens,
@@ -92,6 +106,7 @@ async def main(args: argparse.Namespace) -> dict:
         "headless_decode_tok_s": [round(x, 1) for x in headless],
         "tui_median": round(t_med, 1), "headless_median": round(h_med, 1),
         "ratio": round(t_med / h_med, 3), "target": 0.95,
+        "cli_bench_decode_tok_s": cli, "ratio_vs_cli_bench": round(t_med / cli, 3),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 

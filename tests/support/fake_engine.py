@@ -27,6 +27,7 @@ class FakeModel:
 @dataclass
 class FakeCtx:
     n_ctx: int = 4096
+    n_threads: int = 1
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:
