@@ -14,4 +14,5 @@ run: bootstrap
 	.venv/bin/velo-chat
 
 test: bootstrap
+	.venv/bin/ruff check app engine kernels store tests benchmarks
 	.venv/bin/python -m pytest -q $(PYTEST_ARGS)

@@ -89,7 +89,7 @@ async def main(args: argparse.Namespace) -> dict:
             await asyncio.sleep(0.05)
         headless_turn(headless_engine, prompt, 16)  # warm-up both
         await tui_turn(pilot, screen, "warm up")
-        for i in range(args.repeats):
+        for _ in range(args.repeats):
             await pilot.press("ctrl+n")
             await pilot.pause()
             await asyncio.sleep(1.0)

@@ -223,6 +223,7 @@ class Engine:
         settings = sampling or self.profile.sampling
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
-        plan = TurnPlan(messages=tuple(messages), tokens=tokens, sampling=settings, cancel=cancel or threading.Event(),
+        plan = TurnPlan(messages=tuple(messages), tokens=tokens, sampling=settings,
+                        cancel=cancel or threading.Event(),
                         t_start=t_start, ignore_eos=ignore_eos)
         return run_turn(self, plan)

@@ -196,7 +196,7 @@ def test_interval_checkpoints_let_an_edited_early_message_reuse_most_of_it(qwen_
         engine.reset()
         done = engine.complete(edited, max_tokens=4)
     before, after = _tokens(qwen_path, original), _tokens(qwen_path, edited)
-    shared = next(i for i, (a, b) in enumerate(zip(before, after)) if a != b)
+    shared = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b)
     assert done.stats.checkpoint["source"] == "ram"
     assert done.stats.cached_tokens == shared // 64 * 64
     assert done.stats.cached_tokens > len(before) * 0.7

@@ -130,7 +130,7 @@ def test_spec_matches_llama_cpp_constraints(default_model: Path) -> None:
     assert spec.recurrent_layers[ple.layer]  # PLE must sit on a GDN layer
     assert ple.row_dim * ple.n_heads == spec.n_embd
     assert len(ple.layer_multipliers) == ple.ngram_size
-    assert max(o + v for o, v in zip(ple.head_offsets, ple.head_vocab_sizes)) <= ple.n_rows
+    assert max(o + v for o, v in zip(ple.head_offsets, ple.head_vocab_sizes, strict=True)) <= ple.n_rows
     assert ple.eos_token_id == 2  # SmolLM2's <|im_end|>
     assert spec.compress_ratios == (0, 0, 0, 4)
     fields = GGUFReader(default_model).fields

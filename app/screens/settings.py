@@ -14,7 +14,7 @@ from textual.widgets.option_list import Option
 
 from velo_chat.engine.profile_schema import Profile
 from velo_chat.engine.profiles import (
-    NAME_RE, ProfileError, active_profile_name, list_profiles, load_profile, save_user_profile,
+    NAME_RE, ProfileError, list_profiles, load_profile, save_user_profile,
     set_active_profile, shipped_profile,
 )
 

@@ -82,7 +82,7 @@ def _trimmed_tokenizer(
         alphabet = _byte_alphabet()
         keep = [
             i
-            for i, (t, ty) in enumerate(zip(tokens, types))
+            for i, (t, ty) in enumerate(zip(tokens, types, strict=True))
             if i < n_keep or ty != _NORMAL or t in alphabet
         ]
     else:

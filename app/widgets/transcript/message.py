@@ -13,7 +13,6 @@ from textual.containers import Vertical
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from velo_chat.store import Message
 
 from ... import keymap
 from .text import code_blocks, split_thinking
