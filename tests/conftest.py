@@ -71,8 +71,15 @@ def smol_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
-def qwen_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random-weight qwen4exp GGUF (hybrid: GDN + sparse attention), built once."""
+def qwen_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight qwen4exp GGUF (hybrid: GDN + sparse attention), built once.
+
+    `VELO_TEST_QWEN` names a prebuilt one (the GPU machine has no registry to fetch SmolLM2's
+    tokenizer from)."""
+    prebuilt = os.environ.get("VELO_TEST_QWEN")
+    if prebuilt:
+        return Path(prebuilt)
     from tests.support.tiny_qwen4exp import tiny_qwen4exp_path
 
-    return tiny_qwen4exp_path(tmp_path_factory.mktemp("tiny-qwen4exp"), smollm2_path)
+    smollm2 = request.getfixturevalue("smollm2_path")
+    return tiny_qwen4exp_path(tmp_path_factory.mktemp("tiny-qwen4exp"), smollm2)

@@ -25,8 +25,8 @@ N = 24  # greedy tokens per reply
 
 
 @pytest.fixture(params=["smollm2", "qwen4exp"])
-def model_path(request, smollm2_path, qwen_path) -> Path:
-    return smollm2_path if request.param == "smollm2" else qwen_path
+def model_path(request) -> Path:
+    return request.getfixturevalue("smollm2_path" if request.param == "smollm2" else "qwen_path")
 
 
 def profile_for(path: Path, **checkpoints):

@@ -20,6 +20,9 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
         # Short test prompts: save the state before every reply, however short the prefill.
         "checkpoints": {"min_prefill_tokens": 0},
     }
+    gpu_layers = os.environ.get("VELO_TEST_GPU_LAYERS")  # the GPU machine runs these on CUDA
+    if gpu_layers:
+        data["model"]["n_gpu_layers"] = int(gpu_layers)
     for key, value in sections.items():
         data[key] = {**data.get(key, {}), **value}
     return build_profile("test", data)
