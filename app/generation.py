@@ -25,7 +25,7 @@ from velo_chat.store import Session, SessionStore
 
 from velo_chat.engine.llama_context import usable_cores
 
-from .conversation import begin_turn, engine_messages, record
+from .conversation import begin_turn, engine_messages, last_user_position, record
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
 from .stream_pacer import StreamPacer
@@ -44,6 +44,7 @@ class TurnRequest:
     session: Session | None  # None: create one when the engine accepts the turn
     profile: Profile
     turn_kwargs: dict[str, Any] = field(default_factory=dict)  # benchmarks: ignore_eos, ...
+    rewind: bool = False  # regenerate: `text` replaces the last user message and its reply
 
 
 def one_line(exc: BaseException) -> str:
@@ -74,10 +75,14 @@ def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.E
     post(ModelReady(info))
 
 
-def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
+def _conversation(store: SessionStore, req: TurnRequest) -> tuple[list[ChatMessage], int | None]:
+    """The messages for the engine, and (regenerate) the position the turn replaces from."""
     system_prompt = req.session.system_prompt if req.session else req.profile.system_prompt
     stored = store.messages(req.session.id) if req.session else []
-    return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)]
+    cut = last_user_position(stored) if req.rewind else None
+    if cut is not None:
+        stored = [m for m in stored if m.position < cut]
+    return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)], cut
 
 
 def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post,
@@ -89,8 +94,11 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
             post(TurnRejected("the model is not loaded", req.text))
             return
         try:
-            events = engine.turn(_conversation(store, req), sampling=req.profile.sampling,
+            messages, cut = _conversation(store, req)
+            events = engine.turn(messages, sampling=req.profile.sampling,
                                  cancel=cancel, **req.turn_kwargs)
+            if cut is not None and req.session is not None:  # accepted: now replace the old turn
+                store.delete_messages_after(req.session.id, cut - 1)
             session, created = req.session, False
             if session is None:
                 session = store.create_session(req.profile.name,
@@ -163,7 +171,7 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         if engine is None or engine.model is None:
             return
         try:
-            preview = engine.preview(_conversation(store, req))
+            preview = engine.preview(_conversation(store, req)[0])
         except Exception:  # a preview is a hint: never an error dialog
             log.debug("preview failed", exc_info=True)
             preview = None

@@ -36,6 +36,8 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("chat.focus_filter", "ctrl+f", "focus_filter", "Filter sessions", "chat",
               show=False, priority=True),
     KeyAction("session.new", "ctrl+n", "new_session", "New session", "chat"),
+    KeyAction("chat.regenerate", "ctrl+r", "regenerate", "Regenerate the last reply", "chat",
+              show=False),
     KeyAction("session.switch_profile", "ctrl+o", "switch_profile",
               "Switch this session's profile", "chat", show=False),
     KeyAction("session.rename", "r", "screen.rename_session", "Rename session", "sessions",

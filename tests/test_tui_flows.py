@@ -298,3 +298,22 @@ async def test_keymap_rebinds_and_palette_lists_actions(tmp_path):
                          "Export session (Markdown)", "Copy the message", "Stop the reply",
                          "Help: every key", "Settings: profiles"):
             assert expected in titles
+
+
+async def test_regenerate_replaces_the_last_reply(tmp_path):
+    app, factory = fake_app(tmp_path, FakeScript(reply="First answer."))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "one")
+        await send(pilot, "two")
+        session = app.store.list_sessions()[0]
+        before = app.store.messages(session.id)
+        chat(app).query_one(Composer).focus()
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: not chat(app).busy and not chat(app).workers)
+        after = app.store.messages(session.id)
+        assert [m.content for m in after[:3]] == [m.content for m in before[:3]]
+        assert len(after) == 4 and after[-1].id != before[-1].id  # replaced, not appended
+        sent = factory.engines[0].turns[-1]
+        assert [m.content for m in sent][-3:] == ["one", "First answer.", "two"]
+        views = chat(app).query_one(Transcript).views()
+        assert [v.role for v in views] == ["user", "assistant", "user", "assistant"]

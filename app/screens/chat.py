@@ -119,8 +119,26 @@ class ChatScreen(SessionActions, Screen[None]):
         if not self.model_ready:
             self.notify("The model is not loaded yet.", severity="warning")
             return
-        text = event.text
-        event.composer.remember(text)
+        event.composer.remember(event.text)
+        await self._start_turn(event.text)
+
+    async def action_regenerate(self) -> None:
+        """Answer the last question again; resumes from the checkpoint before it."""
+        if self.busy or not self.model_ready or self.session is None:
+            self.notify("Nothing to regenerate now.", severity="warning")
+            return
+        transcript = self.query_one(Transcript)
+        views = transcript.views()
+        users = [i for i, v in enumerate(views) if v.role == "user"]
+        if not users:
+            self.notify("This session has no question to answer again.", severity="warning")
+            return
+        text = views[users[-1]].text
+        for view in views[users[-1]:]:
+            await view.remove()
+        await self._start_turn(text, rewind=True)
+
+    async def _start_turn(self, text: str, *, rewind: bool = False) -> None:
         self.busy = True
         self.set_class(True, "-busy")
         self._cancel = threading.Event()
@@ -132,7 +150,8 @@ class ChatScreen(SessionActions, Screen[None]):
         transcript.follow()
         self.query_one(LivePanel).turn_sent()
         self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
-        self._generate(TurnRequest(text, self.session, self.app.profile, self.app.turn_kwargs))
+        self._generate(TurnRequest(text, self.session, self.app.profile, self.app.turn_kwargs,
+                                   rewind=rewind))
 
     @work(thread=True, exclusive=True, group="generation")
     def _generate(self, request: TurnRequest) -> None:
@@ -145,6 +164,8 @@ class ChatScreen(SessionActions, Screen[None]):
             if view is not None:
                 await view.remove()
         self._end_busy()
+        if self.session is not None:  # a rejected regenerate removed views: show the store's
+            await self.query_one(Transcript).show_messages(self.app.store.messages(self.session.id))
         composer = self.query_one(Composer)
         if not composer.text:
             composer.load_text(msg.text)
