@@ -27,34 +27,24 @@ def version() -> str:
         return "unknown"
 
 
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+def _bounded(kind: type, lo: float, hi: float | None = None):
+    """An argparse type: a number of `kind` in [lo, hi], with a one-line error otherwise."""
+    def parse(value: str):
+        try:
+            x = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+        if x < lo or (hi is not None and x > hi):
+            bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {x}")
+        return x
+    return parse
 
 
-def _nonneg_float(value: str) -> float:
-    try:
-        x = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not 0.0 <= x <= 5.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 5, got {x}")
-    return x
-
-
-def _seed(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if not 0 <= n < 2**32:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 4294967295, got {n}")
-    return n
+_positive = _bounded(int, 1)
+_temperature = _bounded(float, 0.0, 5.0)
+_seed = _bounded(int, 0, 2**32 - 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--profile", dest="ask_profile", metavar="NAME", help="profile to use")
     ask.add_argument("--model", metavar="PATH", help="GGUF to load instead of the profile's")
     ask.add_argument("--max-tokens", type=_positive, metavar="N")
-    ask.add_argument("--temperature", type=_nonneg_float, metavar="T")
+    ask.add_argument("--temperature", type=_temperature, metavar="T")
     ask.add_argument("--seed", type=_seed, metavar="S")
     redo = ask.add_mutually_exclusive_group()
     redo.add_argument("--regenerate", action="store_true",

@@ -22,13 +22,14 @@ import json
 import mmap
 import os
 import struct
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
+
+from .atomic_file import atomic_write
 
 MAGIC = b"VELOCKPT"
 FORMAT_VERSION = 2
@@ -106,26 +107,14 @@ def write_checkpoint(directory: Path, name: str, header: CheckpointHeader, token
     if len(tokens) != header.n_tokens or len(payload) != header.payload_bytes:
         raise ValueError("checkpoint header does not describe its tokens and payload")
     raw = header.to_json()
-    target = directory / f"{name}{SUFFIX}"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.{os.getpid()}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(_FIXED.pack(MAGIC, FORMAT_VERSION, len(raw)))
-            fh.write(raw)
-            fh.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return target
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(_FIXED.pack(MAGIC, FORMAT_VERSION, len(raw)))
+        fh.write(raw)
+        fh.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+        fh.write(payload)
+
+    return atomic_write(directory / f"{name}{SUFFIX}", write, sync_dir=True)
 
 
 def read_header(path: Path) -> tuple[CheckpointHeader, np.ndarray, int]:

