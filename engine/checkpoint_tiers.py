@@ -164,7 +164,7 @@ class DiskTier:
         for tmp in self.dir.glob(".*.tmp"):
             match = _TEMP_NAME.match(tmp.name)  # atomic_file's ".<stem>.<pid>.<random>.tmp"
             pid = int(match.group(1)) if match else None
-            if pid is None or not _pid_alive(pid) or pid == os.getpid():
+            if pid is None or not _pid_alive(pid):
                 tmp.unlink(missing_ok=True)
                 log.info("removed a partial checkpoint %s", tmp.name)
 

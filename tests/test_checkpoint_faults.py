@@ -289,3 +289,20 @@ def test_database_locked_by_another_process(velo_home):
     assert len(proc.stderr.strip().splitlines()) == 1 and "locked" in proc.stderr
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2
+
+
+def test_a_live_writers_temp_file_is_left_alone(tmp_path):
+    """Opening the disk tier cleans up after dead writers only: another engine (this process
+    or another) may be writing right now."""
+    from velo_chat.engine.checkpoint_tiers import DiskTier
+
+    root = tmp_path / "ckpt"
+    tier = DiskTier(root, "f" * 64, {"k": 1}, 2**30, print)
+    live = tier.dir / f".abc.{os.getpid()}.x1y2.tmp"
+    dead = tier.dir / ".abc.999999999.x1y2.tmp"
+    odd = tier.dir / ".junk.tmp"
+    for f in (live, dead, odd):
+        f.write_bytes(b"partial")
+    tier.close()
+    DiskTier(root, "f" * 64, {"k": 1}, 2**30, print).close()
+    assert live.exists() and not dead.exists() and not odd.exists()
