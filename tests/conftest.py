@@ -18,6 +18,8 @@ from velo_chat.engine.engine import Engine
 
 from tests.support.engine_helpers import test_profile
 
+pytest_plugins = ["tests.support.store_helpers"]  # the `db_path` and `store` fixtures
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
