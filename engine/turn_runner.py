@@ -179,9 +179,12 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
     yield from _warnings(engine)
 
     saved: list[dict[str, Any]] = []
+    save_s = [0.0]  # time spent snapshotting, kept out of the prefill rate
 
     def save_point() -> Iterator[EngineEvent]:
+        t0 = time.perf_counter()
         n, nbytes = ck.save(ctx, engine.live_tokens) if ck else (0, 0)
+        save_s[0] += time.perf_counter() - t0
         if n:
             saved.append({"tokens": n, "bytes": nbytes})
             yield CheckpointSaved(n, nbytes, "ram+disk" if ck.disk else "ram")
@@ -219,7 +222,7 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
                 yield from save_point()
         ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
         t_prefill1 = time.perf_counter()
-        prefill_s = t_prefill1 - t_prefill0
+        prefill_s = t_prefill1 - t_prefill0 - save_s[0]
         if tail_len and finish != "cancelled" and prefill_s > 0:
             engine.last_prefill_tok_s = tail_len / prefill_s
         perf1 = ctx.perf()
