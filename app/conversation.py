@@ -15,10 +15,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
+from velo_chat.engine.profile_schema import Profile
 from velo_chat.store import Message, Session, SessionStore
+
+from .errors import UserError
 
 
 def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[ChatMessage]:
@@ -71,12 +75,45 @@ class RecordedTurn:
         )
 
 
-def last_user_position(messages: Sequence[Message]) -> int | None:
-    """Where the last user message is (regenerate and edit-last-message restart from it)."""
-    for m in reversed(messages):
-        if m.role == "user":
-            return m.position
-    return None
+def last_user_message(messages: Sequence[Message]) -> Message | None:
+    """The last user message (regenerate and edit-last-message restart from it)."""
+    return next((m for m in reversed(messages) if m.role == "user"), None)
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    session: Session
+    created: bool  # a new session was made for this turn
+    events: Iterator[EngineEvent]
+    recorded: RecordedTurn
+
+
+def start_turn(store: SessionStore, engine: Any, *, session: Session | None, profile: Profile,
+               text: str, rewind: bool = False, **turn_kwargs: Any) -> StartedTurn:
+    """Build the conversation, have the engine accept the turn, then write it.
+
+    The engine sees the prompt first, so a user error (a prompt that does not fit, no chat
+    template) raises before anything is stored. `rewind` replaces the last user message and
+    everything after it (regenerate: the same text; edit-last-message: a new one) — deleted only
+    once the engine has accepted the new turn."""
+    system_prompt = session.system_prompt if session else profile.system_prompt
+    stored = store.messages(session.id) if session else []
+    cut = None
+    if rewind:
+        last = last_user_message(stored)
+        if session is None or last is None:
+            raise UserError("the session has no user message to regenerate or edit")
+        cut = last.position
+        stored = [m for m in stored if m.position < cut]
+    messages = engine_messages(system_prompt, stored) + [ChatMessage("user", text)]
+    events = engine.turn(messages, **turn_kwargs)
+    created = session is None
+    if session is None:
+        session = store.create_session(profile.name, system_prompt=system_prompt,
+                                       model_fingerprint=engine.model.fingerprint)
+    elif cut is not None:
+        store.delete_messages_after(session.id, cut - 1)
+    return StartedTurn(session, created, events, begin_turn(store, session, text))
 
 
 def begin_turn(store: SessionStore, session: Session, user_text: str) -> RecordedTurn:

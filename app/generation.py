@@ -25,7 +25,7 @@ from velo_chat.store import Session, SessionStore
 
 from velo_chat.engine.llama_context import usable_cores
 
-from .conversation import begin_turn, engine_messages, last_user_position, record
+from .conversation import engine_messages, record, start_turn
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
 from .stream_pacer import StreamPacer
@@ -75,14 +75,11 @@ def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.E
     post(ModelReady(info))
 
 
-def _conversation(store: SessionStore, req: TurnRequest) -> tuple[list[ChatMessage], int | None]:
-    """The messages for the engine, and (regenerate) the position the turn replaces from."""
+def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
+    """What sending `req.text` now would give the engine (for the resume-cost preview)."""
     system_prompt = req.session.system_prompt if req.session else req.profile.system_prompt
     stored = store.messages(req.session.id) if req.session else []
-    cut = last_user_position(stored) if req.rewind else None
-    if cut is not None:
-        stored = [m for m in stored if m.position < cut]
-    return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)], cut
+    return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)]
 
 
 def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post,
@@ -94,18 +91,12 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
             post(TurnRejected("the model is not loaded", req.text))
             return
         try:
-            messages, cut = _conversation(store, req)
-            events = engine.turn(messages, sampling=req.profile.sampling,
-                                 cancel=cancel, **req.turn_kwargs)
-            if cut is not None and req.session is not None:  # accepted: now replace the old turn
-                store.delete_messages_after(req.session.id, cut - 1)
-            session, created = req.session, False
-            if session is None:
-                session = store.create_session(req.profile.name,
-                                               system_prompt=req.profile.system_prompt,
-                                               model_fingerprint=engine.model.fingerprint)
-                created = True
-            turn = begin_turn(store, session, req.text)
+            started = start_turn(store, engine, session=req.session, profile=req.profile,
+                                 text=req.text, rewind=req.rewind,
+                                 sampling=req.profile.sampling, cancel=cancel,
+                                 **req.turn_kwargs)
+            session, created, events, turn = (started.session, started.created, started.events,
+                                              started.recorded)
         except USER_ERRORS as exc:
             post(TurnRejected(one_line(exc), req.text))
             return
@@ -171,7 +162,7 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         if engine is None or engine.model is None:
             return
         try:
-            preview = engine.preview(_conversation(store, req)[0])
+            preview = engine.preview(_conversation(store, req))
         except Exception:  # a preview is a hint: never an error dialog
             log.debug("preview failed", exc_info=True)
             preview = None

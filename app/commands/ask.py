@@ -6,10 +6,9 @@ import argparse
 import json
 import sys
 
-from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
 
-from ..conversation import begin_turn, engine_messages, last_user_position, record
+from ..conversation import last_user_message, record, start_turn
 from ..errors import UserError
 from .common import load_engine, open_store, override_sampling, resolve_profile
 
@@ -35,28 +34,18 @@ def run(args: argparse.Namespace) -> int:
         profile_name = args.ask_profile or args.profile or (session.profile if session else None)
         profile = override_sampling(resolve_profile(profile_name), temperature=args.temperature,
                                     seed=args.seed, max_tokens=args.max_tokens)
+        if rewind:
+            last = last_user_message(store.messages(session.id))
+            if last is None:
+                raise UserError("the session has no user message to regenerate or edit")
+            prompt = prompt if prompt is not None else last.content
         with load_engine(profile, args.model, quiet=args.json) as engine:
-            system_prompt = session.system_prompt if session else profile.system_prompt
-            stored = store.messages(session.id) if session else []
-            cut = None
-            if rewind:  # restart from the last user message (its reply is replaced)
-                cut = last_user_position(stored)
-                if cut is None:
-                    raise UserError("the session has no user message to regenerate or edit")
-                prompt = prompt if prompt is not None else next(
-                    m.content for m in stored if m.position == cut)
-                stored = [m for m in stored if m.position < cut]
-            messages = engine_messages(system_prompt, stored) + [ChatMessage("user", prompt)]
-            events = engine.turn(messages)  # raises on a prompt that does not fit: nothing saved
-            if cut is not None:
-                store.delete_messages_after(session.id, cut - 1)
-            if session is None:
-                session = store.create_session(profile.name, system_prompt=system_prompt,
-                                               model_fingerprint=engine.model.fingerprint)
-            turn = begin_turn(store, session, prompt)
+            started = start_turn(store, engine, session=session, profile=profile, text=prompt,
+                                 rewind=rewind)
+            session = started.session
             done: TurnDone | None = None
             failed: TurnFailed | None = None
-            for event in record(events, turn):
+            for event in record(started.events, started.recorded):
                 if isinstance(event, TokenDelta) and not args.json:
                     sys.stdout.write(event.text)
                     sys.stdout.flush()
