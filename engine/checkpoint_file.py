@@ -22,6 +22,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,14 @@ MAX_HEADER = 1 << 20
 
 class CheckpointInvalid(ValueError):
     """A checkpoint failed a check (magic, version, header, tokens, checksum, identity)."""
+
+
+class WriteAbandoned(Exception):
+    """A write was told to stop (the engine is closing); its temp file is already gone."""
+
+
+WRITE_CHUNK = 64 << 20
+"""Payload bytes written between two checks of `should_stop` (well under a second of I/O)."""
 
 
 CHUNK = 16 << 20
@@ -102,8 +111,12 @@ def file_size_for(n_tokens: int, payload_bytes: int, header_len: int = 512) -> i
 
 
 def write_checkpoint(directory: Path, name: str, header: CheckpointHeader, tokens: np.ndarray,
-                     payload: bytes) -> Path:
-    """Write atomically (temp file, fsync, rename, fsync the directory); return the path."""
+                     payload: Any, should_stop: Callable[[], bool] | None = None) -> Path:
+    """Write atomically (temp file, fsync, rename, fsync the directory); return the path.
+
+    The payload goes out in `WRITE_CHUNK` pieces, asking `should_stop()` before each: if it
+    says so, the temp file is removed and `WriteAbandoned` raised (a state is gigabytes; closing
+    the engine must not wait for all of it)."""
     if len(tokens) != header.n_tokens or len(payload) != header.payload_bytes:
         raise ValueError("checkpoint header does not describe its tokens and payload")
     raw = header.to_json()
@@ -112,7 +125,11 @@ def write_checkpoint(directory: Path, name: str, header: CheckpointHeader, token
         fh.write(_FIXED.pack(MAGIC, FORMAT_VERSION, len(raw)))
         fh.write(raw)
         fh.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
-        fh.write(payload)
+        with memoryview(payload).cast("B") as view:
+            for start in range(0, len(view), WRITE_CHUNK):
+                if should_stop is not None and should_stop():
+                    raise WriteAbandoned
+                fh.write(view[start:start + WRITE_CHUNK])
 
     return atomic_write(directory / f"{name}{SUFFIX}", write, sync_dir=True)
 
@@ -134,6 +151,16 @@ def read_header(path: Path) -> tuple[CheckpointHeader, np.ndarray, int]:
         if len(raw) != header_len:
             raise CheckpointInvalid("truncated header")
         header = CheckpointHeader.from_json(raw)
+        # The header's sizes are checked against the file before anything is read with them: a
+        # corrupt count must not become a read (an allocation) of gigabytes.
+        rest = os.fstat(fh.fileno()).st_size - fh.tell()
+        if not 0 <= 4 * header.n_tokens <= rest:
+            raise CheckpointInvalid(
+                f"the header's token count ({header.n_tokens:,}) does not fit in the file")
+        if header.payload_bytes != rest - 4 * header.n_tokens:
+            raise CheckpointInvalid(
+                f"payload is {rest - 4 * header.n_tokens:,} bytes, header says "
+                f"{header.payload_bytes:,} (truncated?)")
         token_bytes = fh.read(4 * header.n_tokens)
         if len(token_bytes) != 4 * header.n_tokens:
             raise CheckpointInvalid("truncated token prefix")
@@ -141,10 +168,6 @@ def read_header(path: Path) -> tuple[CheckpointHeader, np.ndarray, int]:
         if tokens_digest(tokens) != header.tokens_sha256:
             raise CheckpointInvalid("token prefix does not match its hash")
         offset = fh.tell()
-        size = os.fstat(fh.fileno()).st_size
-    if size != offset + header.payload_bytes:
-        raise CheckpointInvalid(
-            f"payload is {size - offset} bytes, header says {header.payload_bytes} (truncated?)")
     return header, tokens, offset
 
 

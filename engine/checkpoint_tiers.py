@@ -10,6 +10,10 @@ opens), writes in a background thread so a save never delays the first token, ev
 recently used files *before* writing so its budget is never exceeded, and deletes (with a warning)
 any file that fails a check. Its directory is per model fingerprint and state layout, so
 checkpoints of other models or other KV settings are never even candidates.
+
+A write waiting for the writer thread holds the state array itself (the same array as the RAM
+tier's entry, never a copy). How much memory such writes may hold is decided by `Checkpoints`,
+which sees both tiers: this tier only offers `pending()` and `drop_waiting()`.
 """
 
 from __future__ import annotations
@@ -19,12 +23,11 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,10 @@ import numpy as np
 from . import checkpoint_file as cf
 
 log = logging.getLogger(__name__)
+
+ABANDON_GRACE_S = 5.0
+"""How long close() waits for an abandoned write to notice and stop (one chunk: well under a
+second on any disk that still works)."""
 
 
 def usable_prefix(ckpt_tokens: np.ndarray, tokens: np.ndarray, *, exact: bool) -> int:
@@ -50,6 +57,19 @@ def usable_prefix(ckpt_tokens: np.ndarray, tokens: np.ndarray, *, exact: bool) -
         return 0
     diff = np.flatnonzero(ckpt_tokens[:m] != tokens[:m])
     return int(diff[0]) if diff.size else m
+
+
+def preference(n_usable: int, state_bytes: int, n_saved: int, name: str
+               ) -> tuple[int, int, int, str]:
+    """Sort key of a candidate checkpoint, best first.
+
+    The most usable tokens win. On an attention model several checkpoints often tie (a state
+    saved after the prompt and one saved after the reply both cover the prompt minus its last
+    token): then the smaller state wins, because a restore copies (and, from disk, reads and
+    checksums) the whole state; then the one with fewer saved tokens (less to truncate); then the
+    name, so that the choice never depends on the order of a dict, a directory listing or the
+    LRU list."""
+    return (-n_usable, state_bytes, n_saved, name)
 
 
 @dataclass
@@ -80,12 +100,16 @@ class RamTier:
         return True
 
     def best(self, tokens: np.ndarray, *, exact: bool) -> tuple[int, RamEntry | None]:
-        best_n, best = 0, None
+        """The entry covering the longest usable prefix of `tokens`, ties by `preference`."""
+        best_key, best = None, None
         for entry in self.entries.values():
             n = usable_prefix(entry.tokens, tokens, exact=exact)
-            if n > best_n:
-                best_n, best = n, entry
-        return best_n, best
+            if n == 0:
+                continue
+            key = preference(n, len(entry.state), len(entry.tokens), entry.key)
+            if best_key is None or key < best_key:
+                best_key, best = key, entry
+        return (-best_key[0], best) if best_key is not None else (0, None)
 
     def touch(self, key: str) -> None:
         if key in self.entries:
@@ -111,7 +135,16 @@ class _Job:
     name: str
     tokens: np.ndarray
     payload: np.ndarray
-    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """A write not finished yet: waiting for the writer thread, or being written (`started`)."""
+
+    name: str
+    n_tokens: int
+    nbytes: int
+    started: bool
 
 
 def layout_key(layout: dict[str, Any]) -> str:
@@ -145,8 +178,11 @@ class DiskTier:
         self.dir = root / f"{fingerprint[:16]}-{layout_key(layout)}"
         self.entries: dict[str, DiskEntry] = {}
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self._pending: dict[str, _Job] = {}
+        self._changed = threading.Condition(self._lock)  # a write started, ended or was dropped
+        self._waiting: collections.OrderedDict[str, _Job] = collections.OrderedDict()  # oldest 1st
+        self._current: _Job | None = None  # being written
+        self._closing = False
+        self._abandon = threading.Event()  # close() ran out of time: stop the write in progress
         self._writer: threading.Thread | None = None
         self.available = True
         try:
@@ -195,14 +231,18 @@ class DiskTier:
         self.entries.pop(path.stem, None)
 
     def best(self, tokens: np.ndarray, *, exact: bool) -> tuple[int, DiskEntry | None]:
-        best_n, best = 0, None
+        """The file covering the longest usable prefix of `tokens`, ties by `preference`."""
+        best_key, best = None, None
         with self._lock:
             candidates = list(self.entries.values())
         for entry in candidates:
             n = usable_prefix(entry.tokens, tokens, exact=exact)
-            if n > best_n:
-                best_n, best = n, entry
-        return best_n, best
+            if n == 0:
+                continue
+            key = preference(n, entry.header.payload_bytes, len(entry.tokens), entry.path.stem)
+            if best_key is None or key < best_key:
+                best_key, best = key, entry
+        return (-best_key[0], best) if best_key is not None else (0, None)
 
     def open_payload(self, entry: DiskEntry) -> cf.MappedPayload | None:
         """Re-check the file and map its verified payload; None (after a warning) if invalid."""
@@ -233,30 +273,66 @@ class DiskTier:
     def save(self, name: str, tokens: np.ndarray, state: np.ndarray) -> None:
         """Queue a write (returns at once). Budget and I/O problems become warnings."""
         with self._lock:
-            if not self.available or name in self.entries or name in self._pending:
+            if (not self.available or self._closing or name in self.entries
+                    or name in self._waiting
+                    or (self._current is not None and self._current.name == name)):
                 return
-            job = _Job(name, tokens, state)
-            self._pending[name] = job
-        if self._writer is None or not self._writer.is_alive():
-            self._writer = threading.Thread(target=self._write_loop, name="velo-ckpt-writer",
-                                            daemon=True)
-            self._writer.start()
-        self._queue.put(job)
+            self._waiting[name] = _Job(name, tokens, state)
+            self._changed.notify_all()
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=self._write_loop,
+                                                name="velo-ckpt-writer", daemon=True)
+                self._writer.start()
+
+    def pending(self) -> list[PendingWrite]:
+        """Writes not finished yet: the one being written first, then the waiting ones, oldest
+        first."""
+        with self._lock:
+            jobs = [(self._current, True)] if self._current is not None else []
+            jobs += [(job, False) for job in self._waiting.values()]
+            return [PendingWrite(j.name, len(j.tokens), len(j.payload), started)
+                    for j, started in jobs]
+
+    def is_pending(self, name: str) -> bool:
+        with self._lock:
+            return name in self._waiting or (self._current is not None
+                                             and self._current.name == name)
+
+    def drop_waiting(self, name: str) -> bool:
+        """Forget a write that has not started (its state array is released); False if it
+        has started or is done."""
+        with self._lock:
+            job = self._waiting.pop(name, None)
+            if job is not None:
+                self._changed.notify_all()
+            return job is not None
 
     def _write_loop(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
-                return
+            with self._lock:
+                while not self._waiting and not self._closing:
+                    self._changed.wait()
+                if not self._waiting or self._abandon.is_set():
+                    return
+                _, job = self._waiting.popitem(last=False)
+                self._current = job
             try:
                 self._write(job)
+            except cf.WriteAbandoned:
+                log.warning("abandoned the checkpoint write of %d tokens (the engine closed)",
+                            len(job.tokens))
             except Exception as exc:  # a write must never take the engine down
                 log.exception("checkpoint write failed")
                 self.warn(f"could not save checkpoint: {exc}")
             finally:
                 with self._lock:
-                    self._pending.pop(job.name, None)
-                job.done.set()
+                    self._current = None
+                    self._changed.notify_all()
+            del job  # release the state now, not when the next job arrives
+
+    def _should_stop(self) -> bool:
+        """Asked between the chunks of a write: True once close() has given up waiting."""
+        return self._abandon.is_set()
 
     def _write(self, job: _Job) -> None:
         # Hashing runs here, in the writer thread (hashlib releases the GIL), not on the
@@ -272,9 +348,12 @@ class DiskTier:
                       f"is larger than the disk budget ({self.budget / 2**20:,.0f} MiB); "
                       "not saved to disk")
             return
+        if self._should_stop():
+            raise cf.WriteAbandoned
         self._evict_for(need)
         try:
-            path = cf.write_checkpoint(self.dir, job.name, header, job.tokens, job.payload)
+            path = cf.write_checkpoint(self.dir, job.name, header, job.tokens, job.payload,
+                                       should_stop=self._should_stop)
         except OSError as exc:
             self.warn(f"could not save checkpoint to {self.dir}: {exc.strerror or exc}")
             return
@@ -307,15 +386,54 @@ class DiskTier:
         """Wait for queued writes; True if none is left."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            pending = list(self._pending.values())
-        for job in pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not job.done.wait(left):
-                return False
+            while self._waiting or self._current is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
         return True
 
-    def close(self) -> None:
-        self.flush()
-        if self._writer is not None and self._writer.is_alive():
-            self._queue.put(None)
-            self._writer.join()
+    def _unfinished_locked(self) -> tuple[int, float]:
+        """(count, MiB) of the writes not finished; call with the lock held."""
+        jobs = [*self._waiting.values()] + ([self._current] if self._current is not None else [])
+        return len(jobs), sum(len(j.payload) for j in jobs) / 2**20
+
+    def close(self, timeout: float | None = None, *, progress_every: float = 2.0) -> bool:
+        """Finish the queued writes, waiting at most `timeout` seconds (None: as long as they
+        take), logging what is left every `progress_every` seconds. Writes not finished by
+        then are abandoned: the waiting ones are dropped and the one in progress stops at its
+        next chunk, its temp file removed, so no partial checkpoint is ever left behind (a
+        process killed meanwhile leaves a temp file the next start removes). True if every
+        write made it to disk."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._closing = True
+            self._changed.notify_all()
+            next_report = time.monotonic() + progress_every
+            while self._waiting or self._current is not None:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                if now >= next_report:
+                    n, mib = self._unfinished_locked()
+                    log.info("closing: waiting for %d checkpoint write(s), %.0f MiB, to reach "
+                             "the disk", n, mib)
+                    next_report = now + progress_every
+                wake = next_report if deadline is None else min(next_report, deadline)
+                self._changed.wait(max(0.0, wake - now))
+            done = not self._waiting and self._current is None
+            if not done:
+                n, mib = self._unfinished_locked()
+                log.warning("closing: abandoned %d checkpoint write(s), %.0f MiB, not written "
+                            "within %.0f s", n, mib, timeout or 0)
+                self._waiting.clear()
+                self._abandon.set()
+            self._changed.notify_all()
+            writer = self._writer
+        if writer is not None:
+            # The write in progress stops at its next chunk; don't hang on a stuck disk.
+            writer.join(None if done else ABANDON_GRACE_S)
+            if writer.is_alive():
+                log.warning("closing: the checkpoint writer is still stuck in I/O; its temp "
+                            "file is removed when it stops, or at the next start")
+        return done

@@ -5,6 +5,10 @@ with what the live context can reuse, and calls `restore` for the winner. It cal
 save points (every `interval_tokens` inside a long prefill, the end of a prefill, the end of a
 reply). Problems (a corrupt file, a full disk, a budget too small) never fail a turn: they become
 warnings that the engine yields as `EngineWarning` events, and the turn goes on cold if it must.
+
+Memory: `ram_budget_mib` bounds every state held here, the RAM tier's and those queued for the
+disk writer alike (`_make_room`). A state is snapshotted once; the RAM entry and the queued
+write share that one array.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ class Restored:
     n_tokens: int
     source: str
     seconds: float
+
+
+def _rank(n_usable: int, state_bytes: int, tier: int, tokens: np.ndarray, name: str
+          ) -> tuple[int, int, int, int, str]:
+    """`preference` across the tiers: the tier (0 = RAM) decides right after the state size."""
+    return (-n_usable, state_bytes, tier, len(tokens), name)
 
 
 def state_layout(ctx: LlamaContext) -> dict[str, Any]:
@@ -77,14 +87,21 @@ class Checkpoints:
     # -- lookup and restore ---------------------------------------------------------------------
 
     def find(self, tokens: np.ndarray) -> Candidate | None:
-        """The saved state covering the longest usable prefix of `tokens` (RAM wins ties)."""
+        """The saved state covering the longest usable prefix of `tokens`.
+
+        Ties are broken as inside a tier (`preference`: the smaller state, then fewer saved
+        tokens), except that between two states of the same size RAM wins over disk (no file to
+        read and checksum) before the names are compared: never by the order of a listing."""
         n_ram, ram = self.ram.best(tokens, exact=self.exact)
         n_disk, disk = self.disk.best(tokens, exact=self.exact) if self.disk else (0, None)
-        if ram is not None and n_ram >= n_disk:
-            return Candidate(n_ram, "ram", ram)
+        ranked = []
+        if ram is not None:
+            ranked.append((_rank(n_ram, len(ram.state), 0, ram.tokens, ram.key),
+                           Candidate(n_ram, "ram", ram)))
         if disk is not None:
-            return Candidate(n_disk, "disk", disk)
-        return None
+            ranked.append((_rank(n_disk, disk.header.payload_bytes, 1, disk.tokens,
+                                 disk.path.stem), Candidate(n_disk, "disk", disk)))
+        return min(ranked, key=lambda r: r[0])[1] if ranked else None
 
     def restore(self, ctx: LlamaContext, cand: Candidate) -> Restored | None:
         """Load a candidate into the context (then truncate to the usable prefix on attention
@@ -122,18 +139,66 @@ class Checkpoints:
         Returns (tokens, bytes) of the snapshot, or (0, 0) if it was already saved."""
         arr = np.asarray(tokens, dtype=np.int32)
         key = cf.tokens_digest(arr)[:32]
-        if key in self.ram.entries or (self.disk and key in self.disk.entries):
+        if key in self.ram.entries or (self.disk and (key in self.disk.entries
+                                                      or self.disk.is_pending(key))):
             self.ram.touch(key)
             return 0, 0
         state = ctx.get_state()
-        self.ram.put(key, arr, state)
-        if self.disk is not None:
-            self.disk.save(key, arr, state)
+        self.keep(key, arr, state)
         return len(arr), len(state)
+
+    def keep(self, key: str, tokens: np.ndarray, state: np.ndarray) -> None:
+        """Put a snapshot in the RAM tier and queue it for the disk: one array for both."""
+        self._make_room(len(state))
+        self.ram.put(key, tokens, state)
+        if self.disk is not None:
+            self.disk.save(key, tokens, state)
+
+    def held_bytes(self) -> int:
+        """Bytes of state held in memory: RAM entries and unfinished disk writes, each array
+        once (a RAM entry and its queued write are the same array)."""
+        pending = self.disk.pending() if self.disk else []
+        return self.ram.used + sum(p.nbytes for p in pending if p.name not in self.ram.entries)
+
+    def _make_room(self, incoming: int) -> None:
+        """Free memory until `incoming` more bytes fit in the RAM budget with everything held.
+
+        First the least recently used RAM entries that no unfinished write shares (dropping
+        one that does would free nothing: the write still holds its array). Then the oldest
+        writes still waiting for the disk, together with their RAM entries: newer states cover
+        more of the conversation and the newest is what the next turn or a restart resumes
+        from, so when the disk cannot keep up it is the old ones that are not worth the memory.
+        The write in progress is never interrupted and the incoming state is always kept (in
+        RAM if it fits, queued for the disk in any case), so memory goes past the budget by at
+        most those two states, e.g. when a single state is larger than the whole budget."""
+        budget = self.ram.budget
+        if self.held_bytes() + incoming <= budget:
+            return
+        pending = self.disk.pending() if self.disk else []
+        unfinished = {p.name for p in pending}
+        for key in list(self.ram.entries):  # least recently used first
+            if key not in unfinished:
+                self.ram.drop(key)
+                if self.held_bytes() + incoming <= budget:
+                    return
+        assert self.disk is not None or not pending
+        for p in pending:
+            if p.started or not self.disk.drop_waiting(p.name):
+                continue
+            self.ram.drop(p.name)
+            self._warn(f"a checkpoint of {p.n_tokens:,} tokens ({p.nbytes / 2**20:,.0f} MiB) "
+                       "was dropped before it reached the disk: the disk is slower than the "
+                       f"saves and the states waiting for it would pass the RAM budget "
+                       f"({budget / 2**20:,.0f} MiB)")
+            if self.held_bytes() + incoming <= budget:
+                return
 
     def flush(self, timeout: float | None = None) -> bool:
         return self.disk.flush(timeout) if self.disk else True
 
-    def close(self) -> None:
-        if self.disk is not None:
-            self.disk.close()
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish queued disk writes within `timeout` seconds (default: the profile's
+        `close_timeout_s`), abandoning the rest; True if all were written."""
+        if self.disk is None:
+            return True
+        return self.disk.close(self.settings.close_timeout_s if timeout is None else timeout)

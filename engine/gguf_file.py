@@ -1,5 +1,5 @@
 """A light GGUF header reader: enough to reject a bad file with a clear message before llama.cpp
-sees it, and to fingerprint a model without reading its weights.
+sees it, and to fingerprint a model without reading all of its weights.
 
 llama.cpp answers a truncated or foreign file with a NULL model and a log line; users deserve to
 be told "this file is truncated (12.3 MB of 98.4 MB)" instead. The reader parses the metadata and
@@ -9,6 +9,7 @@ the tensor table (no tensor data) and checks that the data section is as long as
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,3 +169,85 @@ def _check_data_size(h: GGUFHeader) -> None:
             f"truncated GGUF: {h.path} has {h.file_size:,} bytes but its tensors need "
             f"{need:,} (an interrupted download?)"
         )
+
+
+# -- split models and the fingerprint -----------------------------------------------------------
+
+SAMPLE_BLOCKS = 16
+SAMPLE_BYTES = 64 << 10
+TENSOR_SAMPLE_BYTES = 4 << 10
+FINGERPRINT_VERSION = b"velo-model-fingerprint-2"
+
+
+def shard_paths(header: GGUFHeader) -> list[Path]:
+    """Every file of the model, in order: the file itself, or for a split model (`split.count`
+    > 1) its shards, named as llama.cpp's `llama_split_path` names them
+    (`<prefix>-00001-of-00004.gguf`). llama.cpp loads a split model from its first shard only,
+    so another shard is refused here with a line that says which file to use."""
+    count = int(header.metadata.get("split.count", 0) or 0)
+    if count <= 1:
+        return [header.path]
+    no = int(header.metadata.get("split.no", 0) or 0)
+    name = header.path.name
+    postfix = f"-{no + 1:05d}-of-{count:05d}.gguf"
+    if not name.endswith(postfix):
+        raise GGUFError(f"{header.path} is shard {no + 1} of {count} of a split model, but not "
+                        f"named like one (…{postfix})")
+    prefix = name[:-len(postfix)]
+    first = header.path.with_name(f"{prefix}-00001-of-{count:05d}.gguf")
+    if no != 0:
+        raise GGUFError(f"{header.path} is shard {no + 1} of {count} of a split model; "
+                        f"load its first shard, {first.name}")
+    return [header.path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf")
+            for i in range(1, count + 1)]
+
+
+def _shard_header(path: Path, index: int, count: int) -> GGUFHeader:
+    if not path.exists():
+        raise GGUFError(f"shard {index + 1} of {count} is missing: {path}")
+    header = read_header(path)
+    no = int(header.metadata.get("split.no", -1))
+    if no != index or int(header.metadata.get("split.count", 0) or 0) != count:
+        raise GGUFError(f"{path} is shard {no + 1} of {header.metadata.get('split.count')}, "
+                        f"expected shard {index + 1} of {count}")
+    return header
+
+
+def _data_samples(header: GGUFHeader, digest: Any) -> None:
+    """Feed `digest` with fixed samples of the tensor data: `SAMPLE_BLOCKS` blocks of
+    `SAMPLE_BYTES` spread evenly over the data section, and the first `TENSOR_SAMPLE_BYTES`
+    of every tensor (a re-quantized or re-trained upload changes bytes everywhere; one fixed
+    tensor changes at least its start, where a quantized tensor keeps its first block scales).
+    About 1 MiB plus one page per tensor, whatever the size of the file."""
+    start, end = header.data_offset, header.file_size
+    span = max(0, end - start)
+    offsets = sorted({start + (span - SAMPLE_BYTES) * k // (SAMPLE_BLOCKS - 1)
+                      for k in range(SAMPLE_BLOCKS)}) if span > SAMPLE_BYTES else [start]
+    reads = [(off, min(SAMPLE_BYTES, end - off)) for off in offsets]
+    reads += [(start + t.offset, min(TENSOR_SAMPLE_BYTES, end - start - t.offset))
+              for t in header.tensors if t.offset < span]
+    fd = os.open(header.path, os.O_RDONLY)
+    try:
+        for off, n in reads:
+            data = os.pread(fd, n, off)
+            digest.update(off.to_bytes(8, "little") + len(data).to_bytes(8, "little") + data)
+    finally:
+        os.close(fd)
+
+
+def model_fingerprint(header: GGUFHeader) -> str:
+    """What a saved sequence state is only valid for: a hash over every shard of the model, of
+    its header (metadata and tensor table), its size and fixed samples of its tensor data.
+
+    The header alone is not enough: a re-upload that keeps the architecture and quantization
+    (same header, same size, other weights) or a changed later shard of a split model would
+    restore another model's state. Reading all the weights at each start is not an option on a
+    100 GB model, so the data is sampled (`_data_samples`); the path is not hashed, so a model
+    moved or copied elsewhere keeps its checkpoints. Raises GGUFError for a missing shard."""
+    paths = shard_paths(header)
+    digest = hashlib.sha256(FINGERPRINT_VERSION)
+    for i, path in enumerate(paths):
+        shard = header if i == 0 else _shard_header(path, i, len(paths))
+        digest.update(bytes.fromhex(shard.header_sha256))  # header bytes and file size
+        _data_samples(shard, digest)
+    return digest.hexdigest()

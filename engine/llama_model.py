@@ -40,6 +40,8 @@ class LlamaModel:
         self._ll = ll
         self.path = Path(path)
         self.header = gguf_file.read_header(self.path)  # raises GGUFError with a clear line
+        # Before llama.cpp sees it: a missing shard of a split model is a clear error here.
+        self.fingerprint = gguf_file.model_fingerprint(self.header)
         llama_log.install()
 
         params = ll.llama_model_default_params()
@@ -78,7 +80,6 @@ class LlamaModel:
         self.size_bytes = int(ll.llama_model_size(model))
         self.hybrid = bool(ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
         self.architecture = self.header.architecture
-        self.fingerprint = self.header.header_sha256
         self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         self.bos_id = int(ll.llama_vocab_bos(self.vocab))
         self.eos_id = int(ll.llama_vocab_eos(self.vocab))

@@ -135,7 +135,13 @@ class CheckpointSettings:
     """Prefix checkpoints: saved model state at message boundaries, for fast resume."""
 
     enabled: bool = setting(True, "Save and reuse prefix checkpoints.")
-    ram_budget_mib: int = setting(2048, "RAM tier budget in MiB (LRU).", min=0, max=1048576)
+    ram_budget_mib: int = setting(
+        2048, "Memory for saved states in MiB: the RAM tier (LRU) plus states still waiting to "
+        "be written to disk (one array when in both, counted once). Over it, the oldest states "
+        "waiting for the disk are dropped with a warning; only the newest state and the one "
+        "being written may go past it (docs/checkpoints.md).",
+        min=0, max=1048576,
+    )
     disk_budget_gib: float = setting(16.0, "Disk tier budget in GiB (LRU, never exceeded).",
                                      min=0.0, max=65536.0)
     interval_tokens: int = setting(
@@ -147,6 +153,12 @@ class CheckpointSettings:
         "prefill of at least this many tokens; a shorter tail is cheaper to prefill again from "
         "the previous boundary than to copy the whole state before the first token.",
         min=0, max=1048576,
+    )
+    close_timeout_s: float = setting(
+        30.0, "Seconds closing the engine (quitting, switching model or profile) waits for "
+        "states still being written to disk, logging progress; what is not written by then is "
+        "abandoned, and no partial file is left behind.",
+        min=0.0, max=3600.0,
     )
 
 

@@ -84,16 +84,22 @@ def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, 
 
 
 def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path):
+    """A follow-up to the seeded turn: the reply-boundary file covers more of it than the
+    prefill-end file, so it is the one best candidate whatever order the files are listed in.
+    Damaged, it is discarded and the prefill-end file (the next best) is restored."""
     root = tmp_path / "ckpt"
-    _, files = seed_checkpoints(smollm2_path, root)
-    longest = max(files, key=lambda f: cf.read_header(f)[0].n_tokens)
-    data = bytearray(longest.read_bytes())
+    first, files = seed_checkpoints(smollm2_path, root)
+    boundary, prefill_end = sorted(files, key=lambda f: -cf.read_header(f)[0].n_tokens)
+    n_prefill_end = cf.read_header(prefill_end)[0].n_tokens
+    assert n_prefill_end == first.stats.prompt_tokens - 1
+    data = bytearray(boundary.read_bytes())
     data[-1] ^= 0x01
-    longest.write_bytes(bytes(data))
-    done, warnings = fresh_turn(smollm2_path, root)  # the same prompt: prefill-end resumes
-    assert done.stats.checkpoint["source"] == "disk"
-    assert done.stats.cached_tokens == done.stats.prompt_tokens - 1
+    boundary.write_bytes(bytes(data))
+    convo = Q + [ChatMessage("assistant", first.text), ChatMessage("user", "And one more?")]
+    done, warnings = fresh_turn(smollm2_path, root, convo)
     assert any("payload checksum mismatch" in w for w in warnings)
+    assert done.stats.checkpoint["source"] == "disk"
+    assert done.stats.cached_tokens == n_prefill_end
 
 
 def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path, qwen_path,
