@@ -3,6 +3,9 @@
 Profiles, settings, the default model and checkpoints all go through here: a temp file in the
 same directory, flushed and fsynced, renamed over the target, and (for files whose loss would
 cost a long recompute) the directory fsynced too, so the rename itself survives a power cut.
+
+The result is 0600 whatever the umask (`mkstemp` already opens 0600, but through the umask; the
+explicit `fchmod` makes the mode a promise): everything velo-chat writes is private to its user.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from .locations import PRIVATE_FILE_MODE
 
 
 def atomic_write(target: Path, write: Callable[[BinaryIO], None], *,
@@ -25,6 +30,7 @@ def atomic_write(target: Path, write: Callable[[BinaryIO], None], *,
                                suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), PRIVATE_FILE_MODE)
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())

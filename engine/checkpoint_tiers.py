@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import checkpoint_file as cf
+from . import locations
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class DiskTier:
         self._writer: threading.Thread | None = None
         self.available = True
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            locations.private_dir(self.dir)  # 0700 whatever the umask, like every folder of ours
             self._clean_temp_files()
             self._scan()
         except OSError as exc:

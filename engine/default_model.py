@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import locations
-from .atomic_file import atomic_write
+from .atomic_file import atomic_write, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def is_present(path: Path | None = None) -> bool:
         return True
     if sha256_of(path) != SHA256:
         return False
-    marker.write_text(key + "\n")
+    atomic_write_text(marker, key + "\n")
     return True
 
 

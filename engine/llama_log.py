@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
+from pathlib import Path
+
+from . import locations
 
 logger = logging.getLogger("velo_chat.llama")
 
@@ -76,7 +80,13 @@ def last_error() -> str:
 
 
 def setup_file_logging(path: str, level: int = logging.INFO) -> logging.Handler:
-    """Attach a file handler for velo-chat's loggers (the CLI and the app call this)."""
+    """Attach a file handler for velo-chat's loggers (the CLI and the app call this).
+
+    The log names the user's files and models and records what failed and when, so it is private
+    like the rest of velo-chat's data: created 0600 before `FileHandler` opens it (which would
+    create it through the umask), and tightened if an older run left it 0644."""
+    os.close(locations.create_private(Path(path), os.O_WRONLY | os.O_APPEND))
+    locations.tighten(Path(path), locations.PRIVATE_FILE_MODE)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("velo_chat")

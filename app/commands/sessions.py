@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 
+from velo_chat.engine import locations
 from velo_chat.store import SessionStore
 
 from ..errors import UserError
@@ -19,11 +21,16 @@ def _when(ts: float) -> str:
 
 
 def _write(text: str, output: str | None) -> None:
+    """Print, or write `-o FILE`: a new file is created 0600 (an export is a whole conversation);
+    a file that already exists is overwritten in place and keeps its mode, since the user chose
+    it (it may be a FIFO, /dev/stdout, or a file they share on purpose)."""
     if output is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     try:
-        Path(output).write_text(text, encoding="utf-8")
+        fd = locations.create_private(Path(output), os.O_WRONLY | os.O_TRUNC)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
     except OSError as exc:
         raise UserError(f"cannot write {output}: {exc.strerror}") from None
     print(f"wrote {output}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from velo_chat.engine import locations
+from velo_chat.engine.atomic_file import atomic_write_text
 from velo_chat.engine.profiles import ProfileError, list_profiles, load_profile
 from velo_chat.store import Session, StoreError
 
@@ -140,12 +141,11 @@ class SessionActions:
         target = self._need_target()
         if target is None:
             return
-        folder = locations.data_dir() / "exports"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = locations.exports_dir()  # 0700, and the file 0600: it is a whole conversation
         slug = re.sub(r"[^A-Za-z0-9]+", "-", target.title or "untitled").strip("-")[:40]
         path = folder / f"{slug or 'session'}-{target.id[:8]}.md"
         try:
-            path.write_text(self.app.store.export_markdown(target.id), encoding="utf-8")
+            atomic_write_text(path, self.app.store.export_markdown(target.id))
         except OSError as exc:
             self.app.push_screen(error_dialog("Export failed", f"{path}: {exc.strerror}"))
             return
