@@ -131,7 +131,11 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int)
     differently from the tokens that were sampled, an attention model truncates to the common
     prefix; a hybrid model (which cannot rewind) restores the best saved prefix, or starts from
     nothing, and prefills the rest in batches, if that is at most twice the reply plus
-    `min_prefill_tokens` plus 64 tokens.
+    `min_prefill_tokens` plus 64 tokens. The budget holds after a restore that fails too (the
+    next best prefix is tried, then nothing): past it, this gives up with an empty context and
+    the next turn plans from scratch, rather than re-prefill the whole conversation here.
+    The turn's cancel event is checked between ubatches (and before a restore): a cancelled
+    turn stops within one ubatch, with `live_tokens` still describing the context.
     Returns True if the context now holds exactly the boundary."""
     model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
     assert model is not None and ctx is not None
@@ -144,17 +148,28 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int)
         if not model.hybrid and ctx.truncate(c):
             del live[c:]
         else:
+            if plan.cancel.is_set():
+                return False  # cancelled: not worth a restore and a re-prefill
             min_tail = ck.settings.min_prefill_tokens if ck else 0
             budget = 2 * n_generated + min_tail + 64
-            cand = ck.find(np.asarray(target + [-1], dtype=np.int32)) if ck else None
-            start = cand.n_tokens if cand is not None else 0
-            if len(target) - start > budget:
-                return False
-            restored = ck.restore(ctx, cand) if (ck and cand) else None
+            restored = None
+            for _attempt in range(4):
+                cand = ck.find(np.asarray(target + [-1], dtype=np.int32)) if ck else None
+                if len(target) - (cand.n_tokens if cand is not None else 0) > budget:
+                    return False  # `live_tokens` still describes the context
+                if cand is None:
+                    break
+                restored = ck.restore(ctx, cand)
+                if restored is not None:
+                    break
+                engine.live_tokens = live = []  # a failed restore empties the context and
+                # drops its checkpoint: the next best one (or none) is weighed again
             if restored is None:
                 ctx.clear()
             engine.live_tokens = live = list(target[:restored.n_tokens if restored else 0])
-    for pos in range(len(live), len(target), ctx.n_ubatch):
+    for i, pos in enumerate(range(len(live), len(target), ctx.n_ubatch)):
+        if i and plan.cancel.is_set():
+            return False
         chunk = target[pos:pos + ctx.n_ubatch]
         ctx.decode(chunk)
         live.extend(chunk)
