@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -123,11 +124,11 @@ def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path,
                          checkpoints={"interval_tokens": 0})
     with Engine(other, checkpoint_root=root) as engine:
         engine.load()
+        f32_dir = engine.checkpoints.disk.dir
         done, warnings = turn(engine)
     assert done.stats.checkpoint["source"] == "none" and warnings == []
+    assert f32_dir not in (smol_dir, qwen_dir)
     # ... and a file moved into the wrong layout's directory is caught by its header.
-    f32_dir = next(d for d in root.iterdir() if d not in (smol_dir, qwen_dir)
-                   and any(d.iterdir()))
     for f in smol_dir.glob(f"*{cf.SUFFIX}"):
         shutil.copy(f, f32_dir / ("x" + f.name))
     with Engine(other, checkpoint_root=root) as engine:
@@ -214,53 +215,68 @@ def test_full_disk(smollm2_path, tmp_path):
 
 
 KILL_WRITER_CHILD = r"""
-import os, sys, time
+import os, sys, threading
 from pathlib import Path
 import numpy as np
+from velo_chat.engine import checkpoint_file as cf
 from velo_chat.engine.checkpoint_tiers import DiskTier
+cf.WRITE_CHUNK = 1 << 20
 tier = DiskTier(Path(sys.argv[1]), "f" * 64, {"k": 1}, 2**34, print)
-tier.save("big", np.arange(1000, dtype=np.int32), bytearray(os.urandom(1 << 20)) * 200)
-time.sleep(60)
+def stuck_once_writing():  # the writer stops for good between two chunks of the payload
+    if list(tier.dir.glob(".*.tmp")) and os.path.getsize(next(tier.dir.glob(".*.tmp"))) > 1 << 20:
+        print("mid-write", flush=True)
+        threading.Event().wait()
+    return False
+tier._should_stop = stuck_once_writing
+tier.save("small", np.arange(10, dtype=np.int32), np.ones(1 << 20, dtype=np.uint8))
+tier.flush()
+tier.save("big", np.arange(1000, dtype=np.int32), np.frombuffer(os.urandom(4 << 20), np.uint8))
+threading.Event().wait()
 """
 
 
 def test_sigkill_while_writing_a_checkpoint(tmp_path):
+    """The child's writer is held between two chunks of a payload (no race with the kill):
+    the next start removes the partial file and keeps the whole one."""
     from velo_chat.engine.checkpoint_tiers import DiskTier
 
     root = tmp_path / "ckpt"
     child = subprocess.Popen([sys.executable, "-c", KILL_WRITER_CHILD, str(root)],
-                             cwd=Path(__file__).parent.parent)
-    deadline = time.monotonic() + 60
-    while not list(root.glob("*/.*.tmp")) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    assert list(root.glob("*/.*.tmp")), "the writer should have been killed mid-write"
+                             cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "mid-write"
+        assert list(root.glob("*/.*.tmp")), "the writer should be mid-write"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
     warnings: list[str] = []
     tier = DiskTier(root, "f" * 64, {"k": 1}, 2**34, warnings.append)
     assert not list(root.glob("*/.*.tmp"))  # the partial file is gone
-    for entry in tier.entries.values():  # whatever is left is whole
+    assert [e.path.stem for e in tier.entries.values()] == ["small"]  # the whole one is kept
+    for entry in tier.entries.values():
         cf.read_header(entry.path)
         with tier.open_payload(entry) as payload:
-            assert len(payload.view) == 200 << 20
+            assert len(payload.view) == 1 << 20
+    assert warnings == []
     tier.close()
 
 
 def test_sigkill_while_generating_keeps_the_messages(velo_home):
     proc = subprocess.Popen(
         [sys.executable, "-m", "velo_chat.app.cli", "ask", "Write a long story about a cat.",
-         "--max-tokens", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+         "--max-tokens", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ}, cwd=Path(__file__).parent.parent)
-    got = b""
-    while len(got) < 200:
-        chunk = proc.stdout.read1(64)
-        if not chunk:
-            break
-        got += chunk
-    time.sleep(1.2)  # let the reply be flushed to the store once
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     db = velo_home / "data" / "sessions.sqlite3"
+    try:
+        # Kill it once part of the reply has reached the store (it is flushed about once a
+        # second while it streams): waiting for that, not for a fixed time, holds on any machine.
+        deadline = time.monotonic() + 240
+        while not _reply_stored(db) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the reply ended before part of it was stored"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT role, status, content FROM messages ORDER BY position").fetchall()
         sid = conn.execute("SELECT id FROM sessions").fetchone()[0]
@@ -268,6 +284,18 @@ def test_sigkill_while_generating_keeps_the_messages(velo_home):
     assert rows[1][0:2] == ("assistant", "interrupted") and len(rows[1][2]) > 0
     again = run_cli("ask", "Give it a title.", "--session", sid, "--max-tokens", "8", "--json")
     assert again.returncode == 0, again.stderr
+
+
+def _reply_stored(db: Path) -> bool:
+    if not db.exists():
+        return False
+    try:
+        with closing(sqlite3.connect(db, timeout=1)) as conn:
+            row = conn.execute("SELECT length(content) FROM messages WHERE role = 'assistant' "
+                               "ORDER BY position DESC LIMIT 1").fetchone()
+    except sqlite3.Error:  # not created yet, or busy
+        return False
+    return bool(row and row[0])
 
 
 LOCK_CHILD = r"""

@@ -175,6 +175,14 @@ def _traced() -> int:
     return tracemalloc.get_traced_memory()[0]
 
 
+def wait_until(condition, timeout: float = 60.0) -> None:
+    """Wait for a condition another thread brings about (not for a fixed time)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
 def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp_path,
                                                                  held_writes):
     """A disk slower than the saves: the states queued for it count against the RAM budget,
@@ -190,6 +198,7 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
         base = _traced()
         ctx.decode(tokens[:8])
         ck.save(ctx, tokens[:8])
+        wait_until(lambda: ck.disk.pending()[0].started)  # the writer holds it, at the gate
         one = ck.ram.used
         assert 0 < _traced() - base < 1.5 * one  # RAM entry and queued write share one array
         sizes = [one]
