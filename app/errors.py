@@ -10,6 +10,7 @@ from velo_chat.engine.llama_context import ContextCreateError
 from velo_chat.engine.llama_model import ModelLoadError
 from velo_chat.engine.profiles import ProfileError
 from velo_chat.store import StoreError
+from velo_chat.store.input_text import BinaryInput
 
 
 class UserError(Exception):
@@ -18,5 +19,5 @@ class UserError(Exception):
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
     UserError, ProfileError, GGUFError, ModelLoadError, ContextCreateError, DefaultModelMissing,
-    PromptTooLong, ChatTemplateError, StoreError,
+    PromptTooLong, ChatTemplateError, StoreError, BinaryInput,
 )

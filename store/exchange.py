@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from .errors import InvalidImport
+from .input_text import BinaryInput, decode_text, replace_surrogates
 from .models import ROLES, STATUSES, Message, Session
 
 FORMAT: Final = "velo-chat.session"
@@ -113,7 +114,12 @@ def export_markdown(session: Session, messages: Sequence[Message]) -> str:
 def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
     """Validate a session file (parsed or raw JSON text). Raises `InvalidImport` naming the first
     bad field, e.g. `messages[3].role must be one of system, user, assistant (got 'bot')`."""
-    if isinstance(data, (str, bytes)):
+    if isinstance(data, bytes):  # the same rules as every other input (input_text.py)
+        try:
+            data = decode_text(data, "the session file").text
+        except BinaryInput:
+            raise InvalidImport(_PREFIX + "it contains NUL bytes (binary, not text)") from None
+    if isinstance(data, str):
         try:
             data = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -197,7 +203,7 @@ def _get(raw: Mapping[str, Any], key: str, kind: type, where: str, optional: boo
         raise InvalidImport(
             _PREFIX + f"{where}.{key} must be a {kind.__name__} (got {_kind(value)})"
         )
-    return value
+    return replace_surrogates(value) if kind is str else value  # a "\ud800" escape
 
 
 def _count(raw: Mapping[str, Any], key: str, where: str) -> int | None:

@@ -19,6 +19,10 @@ or kill at any point leaves the user's message and the partial reply, marked int
 
 Privacy: the database and its -wal/-shm files are 0600 whatever the umask, and an older one left
 0644 is tightened when opened (`_private_database_file`).
+
+Text: every string written goes through `rows.text` first, so a lone surrogate (from argv, a JSON
+escape, a paste) becomes U+FFFD instead of a `UnicodeEncodeError` out of `sqlite3`
+(`input_text.py` has the whole input policy).
 """
 
 from __future__ import annotations
@@ -194,7 +198,7 @@ class SessionStore:
         title: str | None = None,
         model_fingerprint: str | None = None,
     ) -> Session:
-        rows.require_text(profile, "profile")
+        profile = rows.require_text(profile, "profile")
         now = self._clock()
         session = Session(
             id=uuid.uuid4().hex,
@@ -202,8 +206,8 @@ class SessionStore:
             created_at=now,
             updated_at=now,
             profile=profile,
-            system_prompt=system_prompt,
-            model_fingerprint=model_fingerprint,
+            system_prompt=rows.text(system_prompt),
+            model_fingerprint=rows.optional_text(model_fingerprint),
         )
         with self._transaction(write=True) as conn:
             rows.insert_session(conn, session)
@@ -242,8 +246,8 @@ class SessionStore:
     ) -> Session:
         """Change the session's settings; arguments left None keep their value."""
         changes: dict[str, Any] = {
-            "system_prompt": system_prompt,
-            "model_fingerprint": model_fingerprint,
+            "system_prompt": rows.optional_text(system_prompt),
+            "model_fingerprint": rows.optional_text(model_fingerprint),
         }
         if profile is not None:
             changes["profile"] = rows.require_text(profile, "profile")
@@ -257,12 +261,13 @@ class SessionStore:
     def delete(self, session_id: str) -> None:
         """Delete the session and (by cascade) its messages; its forks keep their copies."""
         with self._transaction(write=True) as conn:
-            if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+            if conn.execute("DELETE FROM sessions WHERE id = ?",
+                            (rows.text(session_id),)).rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r}")
 
     def resolve_id(self, prefix: str) -> str:
         """The full id of the one session whose id starts with `prefix` (for the CLI)."""
-        wanted = prefix.strip().lower()
+        wanted = rows.text(prefix).strip().lower()
         if not wanted:
             raise InvalidArgument("a session id (or a prefix of one) is required")
         with self._transaction() as conn:
@@ -299,7 +304,7 @@ class SessionStore:
         rows.check_choice(status, STATUSES, "status")
         rows.check_count(prompt_tokens, "prompt_tokens")
         rows.check_count(completion_tokens, "completion_tokens")
-        rows.check_content(content)
+        content = rows.check_content(content)
         stats_json = rows.stats_json(stats)
         with self._transaction(write=True) as conn:
             now = self._clock()  # read under the lock: positions and times agree in order
@@ -387,6 +392,7 @@ class SessionStore:
         session first on the LIKE path). An empty query finds nothing."""
         if not query.strip():
             return []
+        query, session_id = rows.text(query), rows.optional_text(session_id)
         with self._transaction() as conn:
             found = find(conn, query, self.uses_fts, session_id, limit)
             sessions: dict[str, Session] = {}

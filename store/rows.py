@@ -1,5 +1,9 @@
 """Row-level helpers shared by the repository and search: column lists, row <-> model, and the
 checks on values the caller passes in. Every function here runs inside the caller's transaction.
+
+Every text a caller passes goes through `text` (via the checks below) before it is bound:
+`sqlite3` cannot encode a lone surrogate and would raise `UnicodeEncodeError`, so they become
+U+FFFD here, and the models the store returns hold the same text as the rows.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidArgument, MessageNotFound, SessionNotFound
+from .input_text import replace_surrogates
 from .models import Message, Session
 
 SESSION_COLUMNS = (
@@ -25,9 +30,18 @@ COPY_FIELDS = ", ".join(MESSAGE_FIELDS[3:])
 """The columns a fork copies as they are (all but id, session_id and position)."""
 
 
+def text(value: str) -> str:
+    """A caller's text as the database can hold it (lone surrogates -> U+FFFD)."""
+    return replace_surrogates(value)
+
+
+def optional_text(value: str | None) -> str | None:
+    return None if value is None else text(value)
+
+
 def session(conn: sqlite3.Connection, session_id: str) -> Session:
     row = conn.execute(
-        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (text(session_id),)
     ).fetchone()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
@@ -100,7 +114,7 @@ def update_row(
 def require_text(value: object, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(f"{name} must be a non-empty string (got {value!r})")
-    return value
+    return text(value)
 
 
 def clean_title(title: str) -> str:
@@ -110,7 +124,7 @@ def clean_title(title: str) -> str:
 def check_content(content: object) -> str:
     if not isinstance(content, str):
         raise InvalidArgument(f"message content must be text (got {type(content).__name__})")
-    return content
+    return text(content)
 
 
 def check_choice(value: str, allowed: tuple[str, ...], name: str) -> str:
@@ -132,4 +146,4 @@ def stats_json(stats: Mapping[str, Any] | None) -> str:
         return "{}"
     if not isinstance(stats, Mapping):
         raise InvalidArgument(f"stats must be a mapping (got {type(stats).__name__})")
-    return json.dumps(dict(stats), ensure_ascii=False, sort_keys=True, default=str)
+    return text(json.dumps(dict(stats), ensure_ascii=False, sort_keys=True, default=str))

@@ -7,19 +7,28 @@ import json
 import sys
 
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
+from velo_chat.store.input_text import clean_text, decode_text
 
 from ..conversation import last_user_message, record, start_turn
 from ..errors import UserError
-from .common import load_engine, open_store, override_sampling, resolve_profile
+from .common import load_engine, open_store, override_sampling, replaced_warning, resolve_profile
 
 
-def _read_prompt(raw: str | None) -> str:
+def _read_prompt(raw: str | None) -> tuple[str, str | None]:
+    """The prompt from argv or stdin (`-`), by the input rules of `store.input_text`.
+
+    Binary input (NUL bytes) raises `BinaryInput` (one line, exit 2), before the store is
+    opened, so nothing is stored. Bytes that are not UTF-8 become U+FFFD; the warning line
+    saying so is returned, for `run` to print once the turn succeeded. Stdin is read as bytes
+    and decoded as UTF-8 whatever the locale; argv arrives decoded with `surrogateescape`, so
+    its undecodable bytes are lone surrogates, replaced the same way."""
     if raw is None:
         raise UserError("a prompt is needed (or --regenerate with --session)")
-    text = sys.stdin.read() if raw == "-" else raw
-    if not text.strip():
+    what = "stdin" if raw == "-" else "the prompt"
+    clean = decode_text(sys.stdin.buffer.read(), what) if raw == "-" else clean_text(raw, what)
+    if not clean.text.strip():
         raise UserError("the prompt is empty")
-    return text
+    return clean.text, replaced_warning(what, clean)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--regenerate and --edit-last need --session ID")
     if args.regenerate and args.prompt is not None:
         raise UserError("--regenerate takes no prompt (it asks the last question again)")
-    prompt = None if args.regenerate else _read_prompt(args.prompt)
+    prompt, warning = (None, None) if args.regenerate else _read_prompt(args.prompt)
     with open_store() as store:
         session = store.get_session(store.resolve_id(args.session)) if args.session else None
         profile_name = args.ask_profile or args.profile or (session.profile if session else None)
@@ -56,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if failed is not None:
         raise UserError(f"the turn failed: {failed.reason}")
     assert done is not None
+    if warning:
+        print(warning, file=sys.stderr)
     if args.json:
         print(json.dumps({"text": done.text, "session_id": session.id,
                           "stats": done.stats.to_json()}, ensure_ascii=False))

@@ -10,6 +10,7 @@ from velo_chat.engine.engine import Engine
 from velo_chat.engine.profile_schema import Profile
 from velo_chat.engine.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
+from velo_chat.store.input_text import CleanText
 
 
 def resolve_profile(name: str | None) -> Profile:
@@ -18,6 +19,17 @@ def resolve_profile(name: str | None) -> Profile:
 
 def open_store() -> SessionStore:
     return SessionStore(locations.database_path())
+
+
+def replaced_warning(what: str, clean: CleanText) -> str | None:
+    """The warning line for input whose non-UTF-8 bytes became U+FFFD, or None.
+
+    Commands print it once they have succeeded: the user should know their input was changed
+    (but need not redo it), and a command that then fails still says exactly one line."""
+    if not clean.replaced:
+        return None
+    noun = "byte" if clean.replaced == 1 else "bytes"
+    return f"velo-chat: warning: {what}: replaced {clean.replaced} invalid UTF-8 {noun} with U+FFFD"
 
 
 def override_sampling(profile: Profile, *, temperature: float | None = None,

@@ -11,9 +11,10 @@ from pathlib import Path
 
 from velo_chat.engine import locations
 from velo_chat.store import SessionStore
+from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
-from .common import open_store
+from .common import open_store, replaced_warning
 
 
 def _when(ts: float) -> str:
@@ -72,10 +73,17 @@ def run(args: argparse.Namespace) -> int:
             _write(text, args.output)
         elif action == "import":
             try:
-                data = Path(args.file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise UserError(f"cannot read {args.file}: {exc}") from None
-            s = store.import_json(data)
+                data = Path(args.file).read_bytes()
+            except OSError as exc:
+                raise UserError(f"cannot read {args.file}: {exc.strerror}") from None
+            # The input rules of `ask`: NUL bytes refuse (exit 2, nothing stored); bytes that
+            # are not UTF-8 become U+FFFD with a warning; "\ud800" escapes become U+FFFD in
+            # the store.
+            clean = decode_text(data, args.file)
+            s = store.import_json(clean.text)
+            warning = replaced_warning(args.file, clean)
+            if warning:
+                print(warning, file=sys.stderr)
             print(s.id)
         elif action == "fork":
             session_id = store.resolve_id(args.id)

@@ -32,10 +32,22 @@ test_profile.__test__ = False  # a helper, not a test
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
-            timeout: float = 300):
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real `velo-chat` console entry point in a subprocess."""
+    return _run(args, env, stdin, timeout, text=True)
+
+
+def run_cli_bytes(*args: str | bytes, env: dict[str, str] | None = None,
+                  stdin: bytes | None = None, timeout: float = 300
+                  ) -> subprocess.CompletedProcess[bytes]:
+    """`run_cli` with bytes: arguments and stdin that are not UTF-8 (as a shell passes them),
+    and stdout/stderr undecoded, so a test sees exactly what the CLI wrote."""
+    return _run(args, env, stdin, timeout, text=False)
+
+
+def _run(args, env, stdin, timeout, *, text: bool):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "velo_chat.app.cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "velo_chat.app.cli", *args], capture_output=True, text=text,
         env=full_env, input=stdin, timeout=timeout,
     )
