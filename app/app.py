@@ -19,11 +19,14 @@ from textual.signal import Signal
 
 from velo_chat.engine import locations
 from velo_chat.engine.profile_schema import SECTIONS, Profile
+from velo_chat.engine.profiles import ProfileError, set_active_profile
 from velo_chat.store import SessionStore
 
 from . import keymap
 from .dialogs.confirm import ConfirmDialog
+from .dialogs.message import error_dialog
 from .engine_host import EngineFactory, EngineHost, real_engine
+from .errors import USER_ERRORS
 from .settings import AppSettings, load_app_settings
 from .sysinfo import memory_probe as default_memory_probe
 from .widgets.telemetry.panel import MemoryProbe
@@ -72,12 +75,13 @@ class VeloChatApp(App[None]):
     def on_mount(self) -> None:
         from .screens.chat import ChatScreen
 
+        # The chat screen first: keys typed while the app starts go to its composer.
+        self.push_screen(ChatScreen())
         if self.settings.keymap:
             self.set_keymap(self.settings.keymap)
         for problem in self.settings.problems:
             self.notify(problem, severity="warning", timeout=8)
         self._apply_theme(self.profile)
-        self.push_screen(ChatScreen())
 
     def _apply_theme(self, profile: Profile) -> None:
         if profile.display.theme in self.available_themes:
@@ -90,34 +94,56 @@ class VeloChatApp(App[None]):
 
     # -- profiles -----------------------------------------------------------------------------
 
-    def use_profile(self, profile: Profile, *, ask: bool = True) -> None:
-        """Make `profile` the running one. Sampling/display changes apply to the next turn; a
-        change that needs the model or context rebuilt asks first, then reloads in background."""
-        old = self.profile
-        need = reload_needed(self.host.profile or old, profile)
-        self.profile = profile
-        self._apply_theme(profile)
-        self.profile_changed.publish(profile)
-        if need is None:
-            return
+    def use_profile(self, profile: Profile, *, ask: bool = True, activate: bool = False
+                    ) -> None:
+        """Run `profile`. Sampling/display changes apply to the next turn; a change that needs
+        the model or context rebuilt asks first, then reloads in the background, and the
+        profile is adopted only once its model is loaded (a failed load keeps the previous one
+        running). `activate` also saves it as the active profile, at the same moment."""
+        need = reload_needed(self.host.profile or self.profile, profile)
         chat = next((s for s in self.screen_stack if s.id == "chat"), None)
-        if chat is None:
+        if need is None or chat is None:
+            self.adopt_profile(profile, activate=activate)
             return
+
+        def reload() -> None:
+            chat.reload_model(profile, activate=activate)
 
         def answer(yes: bool | None) -> None:
             if yes:
-                chat.reload_model(profile)
-            else:
+                reload()
+                return
+            try:  # adopted without a reload: at least its model file must be there
+                self.host.factory(profile).check()
+            except USER_ERRORS as exc:
+                self.push_screen(error_dialog(f"Cannot use profile {profile.name!r}", str(exc)))
+                return
+            if self.adopt_profile(profile, activate=activate):
                 self.notify(f"Keeping the loaded model; the {need} change applies after a "
                             "reload.", timeout=6)
 
         if not ask:
-            chat.reload_model(profile)
+            reload()
             return
         what = "load the model again" if need == "model" else "rebuild the context"
         self.push_screen(ConfirmDialog("Reload needed", f"Profile {profile.name!r} needs to "
                                        f"{what}. The live context is lost. Reload now?",
                                        yes="Reload", no="Later"), answer)
+
+    def adopt_profile(self, profile: Profile, *, activate: bool = False) -> bool:
+        """Make `profile` the running one and tell every screen; with `activate`, save it as
+        the active profile first (nothing changes if that fails). Returns False on failure."""
+        if activate:
+            try:
+                set_active_profile(profile.name)
+            except (ProfileError, OSError) as exc:
+                self.push_screen(error_dialog("Could not save the active profile", str(exc)))
+                return False
+        if profile != self.profile:
+            self.profile = profile
+            self._apply_theme(profile)
+        self.profile_changed.publish(profile)
+        return True
 
     # -- actions and the palette --------------------------------------------------------------
 

@@ -3,15 +3,18 @@
 The CLI (`velo-chat ask`) and the TUI's generation worker both use it, so a conversation is
 built and persisted the same way everywhere:
 
-1. the user's message is written first (a crash later never loses it);
-2. an assistant row is written at once with status "interrupted", and its text is flushed as it
-   streams (at most every `flush_s`), so a killed process leaves the partial reply;
+1. the user's message and an assistant row with status "interrupted" are written in one
+   transaction once the engine accepted the turn (a crash later never loses the message, and a
+   failed write leaves nothing half-done: the caller gives the text back to the user);
+2. the reply's text is flushed as it streams (at most every `flush_s`), so a killed process
+   leaves the partial reply;
 3. at the end the row becomes "complete" (or stays "interrupted" on cancel, or "error") with the
    turn's stats.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -20,9 +23,11 @@ from typing import Any
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
 from velo_chat.engine.profile_schema import Profile
-from velo_chat.store import Message, Session, SessionStore
+from velo_chat.store import Message, Session, SessionStore, StoreError
 
 from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[ChatMessage]:
@@ -38,14 +43,31 @@ def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[Cha
 
 @dataclass
 class RecordedTurn:
-    """Writes one turn's reply to the store as it streams."""
+    """Writes one turn's reply to the store as it streams.
+
+    A store error (a locked or full disk) never stops the reply: the text keeps streaming and
+    is kept here, the next flush tries again, and `saved`/`save_error` tell the caller whether
+    the final row made it, so it can show the text and say it was not saved."""
 
     store: SessionStore
     session: Session
+    user: Message
     reply: Message
     flush_s: float = 1.0
     text: list[str] = field(default_factory=list)
+    saved: bool = True
+    save_error: str | None = None
     _last_flush: float = field(default_factory=time.monotonic)
+
+    def _update(self, **changes: Any) -> bool:
+        try:
+            self.reply = self.store.update_message(self.reply.id, **changes)
+        except StoreError as exc:
+            log.warning("could not save the reply: %s", exc)
+            self.saved, self.save_error = False, str(exc)
+            return False
+        self.saved, self.save_error = True, None
+        return True
 
     def feed(self, event: EngineEvent) -> None:
         if isinstance(event, TokenDelta):
@@ -53,26 +75,21 @@ class RecordedTurn:
                 self.text.append(event.text)
             now = time.monotonic()
             if now - self._last_flush >= self.flush_s:
-                self.store.update_message(self.reply.id, content="".join(self.text))
+                self._update(content="".join(self.text))
                 self._last_flush = now
         elif isinstance(event, TurnDone):
             status = "interrupted" if event.stats.finish_reason == "cancelled" else "complete"
-            self.reply = self.store.update_message(
-                self.reply.id, content=event.text, status=status,
-                prompt_tokens=event.stats.prompt_tokens,
-                completion_tokens=event.stats.decode_tokens, stats=event.stats.to_json(),
-            )
+            self._update(content=event.text, status=status,
+                         prompt_tokens=event.stats.prompt_tokens,
+                         completion_tokens=event.stats.decode_tokens,
+                         stats=event.stats.to_json())
         elif isinstance(event, TurnFailed):
-            self.reply = self.store.update_message(
-                self.reply.id, content=event.text or "".join(self.text), status="error",
-                stats={"error": event.reason},
-            )
+            self._update(content=event.text or "".join(self.text), status="error",
+                         stats={"error": event.reason})
 
     def interrupted(self) -> None:
         """The turn stopped without a final event (Ctrl-C, an exception): keep what streamed."""
-        self.reply = self.store.update_message(
-            self.reply.id, content="".join(self.text), status="interrupted"
-        )
+        self._update(content="".join(self.text), status="interrupted")
 
 
 def last_user_message(messages: Sequence[Message]) -> Message | None:
@@ -107,21 +124,32 @@ def start_turn(store: SessionStore, engine: Any, *, session: Session | None, pro
         stored = [m for m in stored if m.position < cut]
     messages = engine_messages(system_prompt, stored) + [ChatMessage("user", text)]
     events = engine.turn(messages, **turn_kwargs)
-    created = session is None
-    if session is None:
-        session = store.create_session(profile.name, system_prompt=system_prompt,
-                                       model_fingerprint=engine.model.fingerprint)
-    elif cut is not None:
-        store.delete_messages_after(session.id, cut - 1)
-    return StartedTurn(session, created, events, begin_turn(store, session, text))
+    try:
+        created = session is None
+        if session is None:
+            session = store.create_session(profile.name, system_prompt=system_prompt,
+                                           model_fingerprint=engine.model.fingerprint)
+        try:
+            user, reply = store.add_exchange(session.id, text,
+                                             replace_after=None if cut is None else cut - 1)
+        except BaseException:
+            if created:  # leave no empty session behind
+                _delete_quietly(store, session.id)
+            raise
+    except BaseException:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # the engine's turn never started: release it
+        raise
+    session = store.get_session(session.id)  # its title and time changed with the message
+    return StartedTurn(session, created, events, RecordedTurn(store, session, user, reply))
 
 
-def begin_turn(store: SessionStore, session: Session, user_text: str) -> RecordedTurn:
-    """Persist the user's message and a placeholder reply (call it once the engine accepted the
-    turn, so a rejected prompt writes nothing)."""
-    store.add_message(session.id, "user", user_text)
-    reply = store.add_message(session.id, "assistant", "", status="interrupted")
-    return RecordedTurn(store, session, reply)
+def _delete_quietly(store: SessionStore, session_id: str) -> None:
+    try:
+        store.delete(session_id)
+    except StoreError:
+        log.warning("could not remove the empty session %s", session_id, exc_info=True)
 
 
 def record(events: Iterator[EngineEvent], turn: RecordedTurn) -> Iterator[EngineEvent]:

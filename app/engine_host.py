@@ -24,6 +24,9 @@ class EngineLike(Protocol):
     model: Any
     ctx: Any
 
+    def check(self) -> None:
+        """Raise a user error now if the model cannot be loaded (a missing or bad file),
+        cheaply and before the running engine is closed."""
     def load(self, on_event=None, cancel=None): ...
     def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, **kw): ...
     def preview(self, messages): ...
@@ -43,13 +46,12 @@ class EngineHost:
         self.lock = threading.Lock()
         self.engine: EngineLike | None = None
         self.profile: Profile | None = None  # the profile the loaded engine was built from
+        self.last_preview_failure = ""  # logged once per distinct failure
 
-    def replace(self, profile: Profile) -> EngineLike:
-        """Close the current engine and make (not load) one for `profile`. Call with `lock`."""
-        self.close_locked()
-        self.engine = self.factory(profile)
-        self.profile = profile
-        return self.engine
+    @property
+    def loaded(self) -> bool:
+        """An engine exists and its model is loaded (turns and previews can run)."""
+        return self.engine is not None and self.engine.model is not None
 
     def close_locked(self) -> None:
         if self.engine is not None:
@@ -58,6 +60,7 @@ class EngineHost:
             except Exception:  # closing must never stop the app from quitting
                 log.exception("closing the engine failed")
             self.engine = None
+            self.profile = None
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the engine once the running turn (already told to stop) lets go of it."""

@@ -52,27 +52,68 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.Event) -> None:
-    """Make and load an engine for `profile`, posting progress; errors become a message."""
+def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.Event,
+             load_id: int = 0) -> None:
+    """Make and load an engine for `profile`, posting progress; errors become a message.
+
+    A switch never leaves the user with less than they had: the new model's file is checked
+    (`engine.check()`, a header read) before the loaded engine is closed, so a missing or bad
+    file keeps the old model running; if the load itself fails after the old engine was closed
+    (two big models do not fit side by side), the previous profile is loaded again. The final
+    message says which profile is running (`ModelReady`, or `ModelLoadFailed.active`)."""
     with host.lock:
+        previous = host.profile if host.loaded else None
+
+        def on_event(event: object) -> None:
+            if isinstance(event, ModelLoading):
+                post(ModelLoadProgress(event.progress, load_id))
+
         try:
-            engine = host.replace(profile)
-
-            def on_event(event: object) -> None:
-                if isinstance(event, ModelLoading):
-                    post(ModelLoadProgress(event.progress))
-
+            engine = host.factory(profile)
+            engine.check()
+        except Exception as exc:
+            _log_load_failure(exc)
+            post(ModelLoadFailed(_reason(exc), load_id, previous))
+            return
+        host.close_locked()
+        host.engine, host.profile = engine, profile
+        try:
             info = engine.load(on_event, cancel)
-        except USER_ERRORS as exc:
-            host.engine = None
-            post(ModelLoadFailed(one_line(exc)))
+        except Exception as exc:
+            _log_load_failure(exc)
+            host.close_locked()
+            restored = None
+            if previous is not None and not cancel.is_set():
+                restored = _reload_previous(host, previous, on_event, cancel)
+            post(ModelLoadFailed(_reason(exc), load_id, previous if restored else None,
+                                 restored))
             return
-        except Exception as exc:  # a bug, but the UI must say so instead of dying
-            log.exception("model load failed")
-            host.engine = None
-            post(ModelLoadFailed(f"{type(exc).__name__}: {one_line(exc)}"))
-            return
-    post(ModelReady(info))
+    post(ModelReady(info, profile, load_id))
+
+
+def _reload_previous(host: EngineHost, previous: Profile, on_event, cancel: threading.Event):
+    """Load the profile that ran before a failed switch; its `ModelLoaded`, or None."""
+    try:
+        engine = host.factory(previous)
+        host.engine, host.profile = engine, previous
+        return engine.load(on_event, cancel)
+    except Exception:
+        log.exception("reloading the previous profile %r failed", previous.name)
+        host.close_locked()
+        return None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, USER_ERRORS):
+        return one_line(exc)
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+def _log_load_failure(exc: BaseException) -> None:
+    if isinstance(exc, USER_ERRORS):
+        log.warning("model load failed: %s", one_line(exc))
+    else:  # a bug, but the UI must say so instead of dying
+        log.error("model load failed", exc_info=exc)
 
 
 def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
@@ -84,25 +125,27 @@ def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
 
 def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post,
              cancel: threading.Event, is_cancelled: Callable[[], bool]) -> None:
-    """One turn, start to end. Every outcome ends in exactly one TurnRejected or TurnEnded."""
+    """One turn, start to end. Every outcome ends in exactly one final message: `TurnRejected`
+    (nothing was stored: the text goes back to the composer) or `TurnEnded` (the user's message
+    is stored; the reply shows what was generated, saved or not)."""
     with host.lock:
         engine = host.engine
-        if engine is None or engine.model is None:
-            post(TurnRejected("the model is not loaded", req.text))
+        if engine is None or not host.loaded:
+            post(TurnRejected("the model is not loaded", req.text, req.rewind))
             return
         try:
             started = start_turn(store, engine, session=req.session, profile=req.profile,
                                  text=req.text, rewind=req.rewind,
                                  sampling=req.profile.sampling, cancel=cancel,
                                  **req.turn_kwargs)
-            session, created, events, turn = (started.session, started.created, started.events,
-                                              started.recorded)
-        except USER_ERRORS as exc:
-            post(TurnRejected(one_line(exc), req.text))
+        except Exception as exc:  # nothing was stored (start_turn writes in one transaction)
+            if not isinstance(exc, USER_ERRORS):
+                log.exception("a turn could not start")
+            post(TurnRejected(_reason(exc), req.text, req.rewind))
             return
-        user = store.messages(session.id)[-2]
-        post(TurnAccepted(store.get_session(session.id), created, user, turn.reply))
-        _stream(engine, turn, events, post, cancel, is_cancelled)
+        turn = started.recorded
+        post(TurnAccepted(started.session, started.created, turn.user, turn.reply))
+        _stream(engine, turn, started.events, post, cancel, is_cancelled)
 
 
 def _pacer(engine) -> StreamPacer:
@@ -147,10 +190,22 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                     post(TokensStreamed(text, n_tokens, t_first, t_last))
             elif isinstance(event, TurnFailed):
                 failed = event.reason
-    except Exception as exc:  # record() already marked the reply interrupted
-        log.exception("turn crashed")
-        failed = f"{type(exc).__name__}: {one_line(exc)}"
-    post(TurnEnded(turn.reply, stats, failed))
+    except Exception as exc:  # record() already tried to mark the reply interrupted
+        if not isinstance(exc, USER_ERRORS):
+            log.exception("turn crashed")
+        failed = _reason(exc)
+    # `text` is what the user saw stream: the stored row may lag (flushed once a second) or
+    # not be writable at all (a store error).
+    post(TurnEnded(turn.reply, stats, failed, text=text, saved=turn.saved,
+                     save_error=turn.save_error))
+
+
+def _log_preview_failure(host: EngineHost, exc: BaseException) -> None:
+    """A preview runs on every pause in typing: log each distinct failure once, not per key."""
+    what = f"{type(exc).__name__}: {one_line(exc)}"
+    if what != host.last_preview_failure:
+        host.last_preview_failure = what
+        log.warning("resume preview failed: %s", what, exc_info=exc)
 
 
 def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post) -> None:
@@ -159,12 +214,12 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         return
     try:
         engine = host.engine
-        if engine is None or engine.model is None:
+        if engine is None or not host.loaded:
             return
         try:
             preview = engine.preview(_conversation(store, req))
-        except Exception:  # a preview is a hint: never an error dialog
-            log.debug("preview failed", exc_info=True)
+        except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
+            _log_preview_failure(host, exc)
             preview = None
     finally:
         host.lock.release()

@@ -14,6 +14,7 @@ from textual.message import Message
 
 from velo_chat.engine.engine import ResumePreview
 from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
+from velo_chat.engine.profile_schema import Profile
 from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Session
 
@@ -21,6 +22,7 @@ from velo_chat.store import Session
 @dataclass
 class ModelLoadProgress(Message):
     progress: float
+    load_id: int = 0  # which load (a newer load makes an older one's messages stale)
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, ModelLoadProgress)
@@ -29,11 +31,16 @@ class ModelLoadProgress(Message):
 @dataclass
 class ModelReady(Message):
     info: ModelLoaded
+    profile: Profile  # the profile the engine was built from: now the running one
+    load_id: int = 0
 
 
 @dataclass
 class ModelLoadFailed(Message):
     reason: str
+    load_id: int = 0
+    active: Profile | None = None  # the profile still (or again) running; None: no model
+    active_info: ModelLoaded | None = None  # set when `active` had to be loaded again
 
 
 @dataclass
@@ -42,6 +49,7 @@ class TurnRejected(Message):
 
     reason: str
     text: str  # the user's text, given back to the composer
+    rewind: bool = False  # a regenerate: the question is still stored, nothing to give back
 
 
 @dataclass
@@ -91,6 +99,9 @@ class TurnEnded(Message):
     reply: StoredMessage | None  # the stored reply with its final status
     stats: TurnStats | None
     failed: str | None = None  # reason, when the turn failed
+    text: str | None = None  # the reply as it streamed (the stored row may lag or be stale)
+    saved: bool = True  # False: the store refused the reply; the text is only on screen
+    save_error: str | None = None
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import default_model, locations
+from . import default_model, gguf_file, locations
 from .chat_template import ChatMessage
 from .checkpoints import Candidate, Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
@@ -78,6 +78,13 @@ class Engine:
         self.last_prefill_tok_s: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise `GGUFError` (one line) now if the model file is missing or not a whole GGUF.
+
+        Reads only the header, so a profile switch can refuse a bad path before the running
+        model is closed (a big machine cannot hold two large models to try)."""
+        gguf_file.read_header(self.model_path)
 
     def load(self, on_event: Callable[[EngineEvent], None] | None = None,
              cancel: threading.Event | None = None) -> ModelLoaded:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import logging
 import math
 import re
 import tomllib
@@ -20,6 +21,8 @@ from typing import Any
 from . import locations
 from .atomic_file import atomic_write_text
 from .profile_schema import SECTIONS, Profile
+
+log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_LEVEL_KEYS = ("description", "system_prompt")
@@ -49,7 +52,14 @@ def _shipped_texts() -> dict[str, str]:
 
 
 def _user_paths() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(locations.user_profiles_dir().glob("*.toml"))}
+    """The user's profile files. A profiles folder that cannot be used (a file in its place,
+    no permission) hides the user profiles with a logged warning: the shipped ones still work,
+    and saving says what is wrong."""
+    try:
+        return {p.stem: p for p in sorted(locations.user_profiles_dir().glob("*.toml"))}
+    except OSError as exc:
+        log.warning("cannot read the user profiles: %s", exc)
+        return {}
 
 
 def _parse_toml(name: str, text: str, origin: str) -> dict[str, Any]:

@@ -140,6 +140,8 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int)
     model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
     assert model is not None and ctx is not None
     target = follow_up_prefix(engine, plan.messages, reply)
+    if len(target) >= ctx.n_ctx:
+        return False  # no room for the template's closing tokens: the reply filled the context
     live = engine.live_tokens
     c = common_prefix(live, target)
     if c == len(target) == len(live):
@@ -182,6 +184,28 @@ def _warnings(engine: Engine) -> list[EngineWarning]:
 
 
 def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
+    """The turn's events. Every path ends in exactly one final event: `TurnDone` (finished,
+    cancelled, length or context limit: the reply is kept) or `TurnFailed` (llama.cpp or a bug
+    failed mid-turn: the text generated so far is in it, and the context starts cold next time,
+    because its state is unknown)."""
+    text_parts: list[str] = []
+    try:
+        yield from _turn_events(engine, plan, text_parts)
+    except Exception as exc:
+        if isinstance(exc, DecodeError):
+            log.warning("turn failed: %s", exc)
+            reason = str(exc)
+        else:
+            log.exception("turn failed")
+            reason = f"{type(exc).__name__}: {exc}"
+        if engine.ctx is not None:
+            engine.ctx.clear()
+        engine.live_tokens.clear()
+        yield TurnFailed(reason, "".join(text_parts))
+
+
+def _turn_events(engine: Engine, plan: TurnPlan, text_parts: list[str]
+                 ) -> Iterator[EngineEvent]:
     model, ctx = engine.model, engine.ctx
     assert model is not None and ctx is not None
     tokens, cancel, settings = plan.tokens, plan.cancel, plan.sampling
@@ -206,92 +230,84 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
         yield from _warnings(engine)
 
     perf0 = ctx.perf()
-    text_parts: list[str] = []
     decode_tokens = 0
     finish = "stop"
     t_prefill0 = time.perf_counter()
     t_first = t_last = None
-    try:
-        # -- prefill, one ubatch per llama_decode, pausing at the save points
-        interval = ck.settings.interval_tokens if ck else 0
-        save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
-        stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last)
-        pos = cached
-        for stop in stops:
-            while pos < stop:
-                chunk = tokens[pos:min(stop, pos + ctx.n_ubatch)]
-                ctx.decode(chunk)
-                engine.live_tokens.extend(chunk)
-                pos += len(chunk)
-                done = pos - cached
-                elapsed = time.perf_counter() - t_prefill0
-                tok_s = done / elapsed if elapsed > 0 else 0.0
-                eta = (tail_len - done) / tok_s if tok_s > 0 else 0.0
-                yield PrefillProgress(done, tail_len, tok_s, eta)
-                if cancel.is_set() and pos < len(tokens):
+    # -- prefill, one ubatch per llama_decode, pausing at the save points
+    interval = ck.settings.interval_tokens if ck else 0
+    save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
+    stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last)
+    pos = cached
+    for stop in stops:
+        while pos < stop:
+            chunk = tokens[pos:min(stop, pos + ctx.n_ubatch)]
+            ctx.decode(chunk)
+            engine.live_tokens.extend(chunk)
+            pos += len(chunk)
+            done = pos - cached
+            elapsed = time.perf_counter() - t_prefill0
+            tok_s = done / elapsed if elapsed > 0 else 0.0
+            eta = (tail_len - done) / tok_s if tok_s > 0 else 0.0
+            yield PrefillProgress(done, tail_len, tok_s, eta)
+            if cancel.is_set() and pos < len(tokens):
+                finish = "cancelled"
+                break
+        if finish == "cancelled":
+            break
+        if stop < len(tokens):
+            yield from save_point()
+    ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
+    t_prefill1 = time.perf_counter()
+    prefill_s = t_prefill1 - t_prefill0 - save_s[0]
+    if tail_len and finish != "cancelled" and prefill_s > 0:
+        engine.last_prefill_tok_s = tail_len / prefill_s
+    perf1 = ctx.perf()
+
+    # -- decode
+    if finish != "cancelled":
+        utf8 = Utf8Stream()
+        with Sampler(settings, model.n_vocab, tokens) as sampler:
+            live = engine.live_tokens
+            n_ctx = ctx.n_ctx
+            for _ in range(settings.max_tokens):
+                token = sampler.sample(ctx.ctx)
+                now = time.perf_counter()
+                if t_first is None:
+                    t_first = now
+                if model.is_eog(token) and not plan.ignore_eos:
+                    break
+                t_last = now
+                decode_tokens += 1
+                piece = utf8.feed(model.token_bytes(token))
+                if piece:
+                    text_parts.append(piece)
+                yield TokenDelta(piece, token, now)
+                if cancel.is_set():
                     finish = "cancelled"
                     break
-            if finish == "cancelled":
-                break
-            if stop < len(tokens):
-                yield from save_point()
-        ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
-        t_prefill1 = time.perf_counter()
-        prefill_s = t_prefill1 - t_prefill0 - save_s[0]
-        if tail_len and finish != "cancelled" and prefill_s > 0:
-            engine.last_prefill_tok_s = tail_len / prefill_s
-        perf1 = ctx.perf()
-
-        # -- decode
-        if finish != "cancelled":
-            utf8 = Utf8Stream()
-            with Sampler(settings, model.n_vocab, tokens) as sampler:
-                live = engine.live_tokens
-                n_ctx = ctx.n_ctx
-                for _ in range(settings.max_tokens):
-                    token = sampler.sample(ctx.ctx)
-                    now = time.perf_counter()
-                    if t_first is None:
-                        t_first = now
-                    if model.is_eog(token) and not plan.ignore_eos:
-                        break
-                    t_last = now
-                    decode_tokens += 1
-                    piece = utf8.feed(model.token_bytes(token))
-                    if piece:
-                        text_parts.append(piece)
-                    yield TokenDelta(piece, token, now)
-                    if cancel.is_set():
-                        finish = "cancelled"
-                        break
-                    if len(live) + 1 >= n_ctx:
-                        finish = "context"
-                        break
-                    if decode_tokens == settings.max_tokens:
-                        finish = "length"
-                        break
-                    rc = ctx.decode_one(token)
-                    if rc != 0:
-                        raise DecodeError(f"llama_decode failed during generation (code {rc})")
-                    live.append(token)
-                tail_text = utf8.finish()
-                if tail_text:
-                    text_parts.append(tail_text)
-        t_end = time.perf_counter()
-        perf2 = ctx.perf()
-        close_s = 0.0
-        if t_first is not None:
-            t_close = time.perf_counter()
-            closed = close_boundary(engine, plan, "".join(text_parts), decode_tokens)
-            close_s = time.perf_counter() - t_close
-            if closed or not model.hybrid:
-                yield from save_point()  # the follow-up boundary: where the next turn starts
-    except DecodeError as exc:
-        log.warning("turn failed: %s", exc)
-        ctx.clear()  # a failed decode leaves the sequence in an unknown state: start cold
-        engine.live_tokens.clear()
-        yield TurnFailed(str(exc), "".join(text_parts))
-        return
+                if len(live) + 1 >= n_ctx:
+                    finish = "context"
+                    break
+                if decode_tokens == settings.max_tokens:
+                    finish = "length"
+                    break
+                rc = ctx.decode_one(token)
+                if rc != 0:
+                    raise DecodeError(f"llama_decode failed during generation (code {rc})")
+                live.append(token)
+            tail_text = utf8.finish()
+            if tail_text:
+                text_parts.append(tail_text)
+    t_end = time.perf_counter()
+    perf2 = ctx.perf()
+    close_s = 0.0
+    if t_first is not None and finish != "context":
+        t_close = time.perf_counter()
+        closed = close_boundary(engine, plan, "".join(text_parts), decode_tokens)
+        close_s = time.perf_counter() - t_close
+        if closed or not model.hybrid:
+            yield from save_point()  # the follow-up boundary: where the next turn starts
     decode_wall = (t_end - t_prefill1) if t_first is not None else 0.0
     span = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
     stats = TurnStats(

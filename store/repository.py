@@ -307,24 +307,52 @@ class SessionStore:
         content = rows.check_content(content)
         stats_json = rows.stats_json(stats)
         with self._transaction(write=True) as conn:
-            now = self._clock()  # read under the lock: positions and times agree in order
-            session = rows.session(conn, session_id)
-            position = conn.execute(
-                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()[0]
-            message_id = rows.insert_message(
-                conn, session_id, position, role, content, status, prompt_tokens,
-                completion_tokens, stats_json, now,
-            )  # fmt: skip
-            title = session.title
-            if title is None and role == "user":
-                title = make_title(content)
-            conn.execute(
-                "UPDATE sessions SET updated_at = ?, title = ? WHERE id = ?",
-                (now, title, session_id),
-            )
-            return rows.message(conn, message_id)
+            return self._append(conn, session_id, role, content, status, prompt_tokens,
+                                completion_tokens, stats_json)
+
+    def add_exchange(
+        self, session_id: str, user_text: str, *, replace_after: int | None = None
+    ) -> tuple[Message, Message]:
+        """Start a turn in one transaction: the user's message and an empty assistant reply
+        marked "interrupted" (streaming fills it in). With `replace_after`, the messages after
+        that position are deleted first (regenerate, edit-last-message; -1 clears all).
+
+        All or nothing: a failure leaves the session exactly as it was, so the caller can give
+        the text back to the user instead of leaving half a turn behind."""
+        content = rows.check_content(user_text)
+        with self._transaction(write=True) as conn:
+            if replace_after is not None:
+                rows.session(conn, session_id)
+                conn.execute("DELETE FROM messages WHERE session_id = ? AND position > ?",
+                             (session_id, replace_after))
+            no_stats = rows.stats_json(None)
+            user = self._append(conn, session_id, "user", content, "complete", None, None,
+                                no_stats)
+            reply = self._append(conn, session_id, "assistant", "", "interrupted", None, None,
+                                 no_stats)
+            return user, reply
+
+    def _append(self, conn: sqlite3.Connection, session_id: str, role: str, content: str,
+                status: str, prompt_tokens: int | None, completion_tokens: int | None,
+                stats_json: str) -> Message:
+        now = self._clock()  # read under the lock: positions and times agree in order
+        session = rows.session(conn, session_id)
+        position = conn.execute(
+            "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()[0]
+        message_id = rows.insert_message(
+            conn, session_id, position, role, content, status, prompt_tokens,
+            completion_tokens, stats_json, now,
+        )  # fmt: skip
+        title = session.title
+        if title is None and role == "user":
+            title = make_title(content)
+        conn.execute(
+            "UPDATE sessions SET updated_at = ?, title = ? WHERE id = ?",
+            (now, title, session_id),
+        )
+        return rows.message(conn, message_id)
 
     def update_message(
         self,

@@ -64,12 +64,19 @@ def run(args: argparse.Namespace) -> int:
                     failed = event
     if failed is not None:
         raise UserError(f"the turn failed: {failed.reason}")
-    assert done is not None
-    if warning:
-        print(warning, file=sys.stderr)
+    if done is None:  # the engine's contract says this cannot happen; never a bare assert
+        raise RuntimeError("the turn ended without a final event")
     if args.json:
         print(json.dumps({"text": done.text, "session_id": session.id,
                           "stats": done.stats.to_json()}, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
+    if not started.recorded.saved:  # printed above, so not lost; but say it is not stored
+        raise UserError(f"the reply was printed but not saved: {started.recorded.save_error}")
+    if warning:
+        print(warning, file=sys.stderr)
+    if done.stats.finish_reason == "context":
+        print(f"velo-chat: warning: the reply stopped at the end of the context "
+              f"({done.stats.prompt_tokens + done.stats.decode_tokens:,} tokens); start a new "
+              "session or raise context.n_ctx in the profile", file=sys.stderr)
     return 0

@@ -18,8 +18,10 @@ from textual.timer import Timer
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
+from velo_chat.engine.events import ModelLoaded
 from velo_chat.engine.profile_schema import Profile
 from velo_chat.store import Session
+from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
 from ..dialogs.message import error_dialog
@@ -41,6 +43,7 @@ NARROW = 100  # below this many columns the sidebar starts collapsed
 class ChatScreen(SessionActions, Screen[None]):
     BINDINGS = keymap.bindings("chat")
     CSS_PATH = "../../assets/styles/chat.tcss"
+    AUTO_FOCUS = "#composer"  # from the first key on: typing goes to the message input
 
     def __init__(self) -> None:
         super().__init__(id="chat")
@@ -49,6 +52,10 @@ class ChatScreen(SessionActions, Screen[None]):
         self.model_ready = False
         self._cancel = threading.Event()
         self._load_cancel = threading.Event()
+        self._load_id = 0  # messages of an older load are stale and ignored
+        self._activate_on_ready = False  # make the loading profile the saved active one
+        self._model_info: ModelLoaded | None = None  # what the running engine reported
+        self._loading_name = ""
         self._reply: MessageView | None = None
         self._user_view: MessageView | None = None
         self._preview_timer: Timer | None = None
@@ -74,53 +81,107 @@ class ChatScreen(SessionActions, Screen[None]):
         self.query_one(LivePanel).set_speculation(self.app.profile.speculation.enabled)
         self.refresh_sessions()
         self._update_header()
+        self.app.profile_changed.subscribe(self, lambda _profile: self._update_header())
+        self._sync_composer()
         self.query_one(Composer).focus()
         if self.app.load_on_start:
             self.reload_model(self.app.profile)
 
+    def _sync_composer(self) -> None:
+        """Tell the composer whether Enter may send now (else it keeps the text)."""
+        self.query_one(Composer).accepting = self.model_ready and not self.busy
+
     # -- the model ----------------------------------------------------------------------------
 
-    def reload_model(self, profile: Profile) -> None:
-        """Load (or reload) the engine for `profile` in the background."""
+    def reload_model(self, profile: Profile, *, activate: bool = False) -> None:
+        """Load (or reload) the engine for `profile` in the background. The app adopts the
+        profile only once it is loaded (`activate`: and saves it as the active one); a failed
+        load leaves the previous profile running."""
         self.model_ready = False
+        self._sync_composer()
         self._cancel.set()  # a running turn stops first; the load waits for the engine lock
+        self._load_cancel.set()  # an older load still running must not finish (or announce)
         self._load_cancel = threading.Event()
-        self.query_one(LivePanel).model_loading(0.0, self._model_name(profile))
-        self._load(profile)
+        self._load_id += 1
+        self._activate_on_ready = activate
+        self._loading_name = self._model_name(profile)
+        self.query_one(LivePanel).model_loading(0.0, self._loading_name)
+        self._load(profile, self._load_id, self._load_cancel)
 
     @work(thread=True, exclusive=True, group="generation")
-    def _load(self, profile: Profile) -> None:
-        run_load(self.app.host, profile, self.post_message, self._load_cancel)
+    def _load(self, profile: Profile, load_id: int, cancel: threading.Event) -> None:
+        run_load(self.app.host, profile, self.post_message, cancel, load_id)
 
     def _model_name(self, profile: Profile) -> str:
         path = profile.model.path
         return "SmolLM2 (default)" if path == "default" else path.rsplit("/", 1)[-1]
 
     def on_model_load_progress(self, msg: ModelLoadProgress) -> None:
-        self.query_one(LivePanel).model_loading(msg.progress, self._model_name(self.app.profile))
+        if msg.load_id == self._load_id:
+            self.query_one(LivePanel).model_loading(msg.progress, self._loading_name)
 
     def on_model_ready(self, msg: ModelReady) -> None:
+        if msg.load_id != self._load_id:
+            return  # an older load, superseded (its engine was already replaced)
+        self._model_info = msg.info
         self.model_ready = True
-        self.query_one(LivePanel).model_ready(msg.info, self._model_name(self.app.profile))
+        self._sync_composer()
+        self.app.adopt_profile(msg.profile, activate=self._activate_on_ready)
+        self.query_one(LivePanel).model_ready(msg.info, self._model_name(msg.profile))
         self.request_preview()
 
     def on_model_load_failed(self, msg: ModelLoadFailed) -> None:
-        self.query_one(LivePanel).model_failed(msg.reason)
-        self.query_one("#preview-line", Static).update("[b $error]no model loaded[/]")
-        self.app.push_screen(error_dialog("The model did not load", msg.reason))
+        if msg.load_id != self._load_id:
+            return
+        panel = self.query_one(LivePanel)
+        if msg.active is not None:
+            self._model_info = msg.active_info or self._model_info
+            self.model_ready = self._model_info is not None
+        else:
+            self._model_info = None
+            self.model_ready = False
+        self._sync_composer()
+        if self.model_ready:
+            panel.model_ready(self._model_info, self._model_name(msg.active))
+            self.app.adopt_profile(msg.active)
+            body = f"{msg.reason}\n\nStill running profile {msg.active.name!r}."
+            self.request_preview()
+        else:
+            panel.model_failed(msg.reason)
+            self.query_one("#preview-line", Static).update("[b $error]no model loaded[/]")
+            body = msg.reason
+        self.app.push_screen(error_dialog("The model did not load", body))
 
     # -- sending ------------------------------------------------------------------------------
 
     @on(Composer.Submitted)
     async def _send(self, event: Composer.Submitted) -> None:
+        if self.busy or not self.model_ready:  # changed since the composer took the text
+            event.composer.give_back(event.text)
+            self._say_why_not_sent()
+            return
+        try:
+            clean = clean_text(event.text, "the message")
+        except BinaryInput as exc:
+            event.composer.give_back(event.text)
+            self.app.push_screen(error_dialog("The message was not sent", str(exc)))
+            return
+        if clean.replaced:
+            self.notify(f"{clean.replaced} character(s) of the message were not valid text "
+                        "and were sent as \ufffd.", severity="warning")
+        await self._start_turn(clean.text)
+
+    @on(Composer.Held)
+    def _held(self) -> None:
+        self._say_why_not_sent()
+
+    def _say_why_not_sent(self) -> None:
         if self.busy:
-            self.notify("A reply is streaming: wait, or press Esc to stop it.", severity="warning")
-            return
-        if not self.model_ready:
-            self.notify("The model is not loaded yet.", severity="warning")
-            return
-        event.composer.remember(event.text)
-        await self._start_turn(event.text)
+            self.notify("A reply is streaming: wait, or press Esc to stop it. Your message "
+                        "stays in the input.", severity="warning")
+        else:
+            self.notify("The model is not loaded yet. Your message stays in the input; press "
+                        "Enter again when it is ready.", severity="warning")
 
     async def action_regenerate(self) -> None:
         """Answer the last question again; resumes from the checkpoint before it."""
@@ -140,6 +201,7 @@ class ChatScreen(SessionActions, Screen[None]):
 
     async def _start_turn(self, text: str, *, rewind: bool = False) -> None:
         self.busy = True
+        self._sync_composer()
         self.set_class(True, "-busy")
         self._cancel = threading.Event()
         transcript = self.query_one(Transcript)
@@ -166,9 +228,8 @@ class ChatScreen(SessionActions, Screen[None]):
         self._end_busy()
         if self.session is not None:  # a rejected regenerate removed views: show the store's
             await self.query_one(Transcript).show_messages(self.app.store.messages(self.session.id))
-        composer = self.query_one(Composer)
-        if not composer.text:
-            composer.load_text(msg.text)
+        if not msg.rewind:  # a regenerate's question is still stored: nothing to give back
+            self.query_one(Composer).give_back(msg.text)
         self.app.push_screen(error_dialog("The message was not sent", msg.reason))
 
     def on_turn_accepted(self, msg: TurnAccepted) -> None:
@@ -200,18 +261,31 @@ class ChatScreen(SessionActions, Screen[None]):
     async def on_turn_ended(self, msg: TurnEnded) -> None:
         if self._reply is not None:
             reply = msg.reply
-            text = reply.content if reply else self._reply.text
+            # What streamed on screen wins over the stored row, which may lag a flush behind
+            # or not have been written at all.
+            text = msg.text if msg.text is not None else (
+                reply.content if reply else self._reply.text)
             status = "error" if msg.failed else (reply.status if reply else "interrupted")
             await self._reply.finish(text, status, reply.id if reply else None)
         self.query_one(LivePanel).turn_ended(msg.stats)
         self._end_busy()
         if msg.failed:
             self.notify(f"The reply failed: {msg.failed}", severity="error", timeout=8)
+        if not msg.saved:
+            self.app.push_screen(error_dialog(
+                "The reply was not saved", f"The session store refused it ({msg.save_error}). "
+                "The reply is shown here but will not be in the session after a restart: "
+                "copy what you need."))
+        elif msg.stats is not None and msg.stats.finish_reason == "context":
+            self.notify("The reply stopped at the end of the context window. Start a new "
+                        "session (Ctrl+N) or raise context.n_ctx in the profile.",
+                        severity="warning", timeout=10)
         self.refresh_sessions()
         self.request_preview()
 
     def _end_busy(self) -> None:
         self.busy = False
+        self._sync_composer()
         self.set_class(False, "-busy")
         self._reply = self._user_view = None
         self.query_one("#preview-line", Static).update("")

@@ -6,7 +6,10 @@ active session; each is bound to a key (`keymap.py`) and offered in the command 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterator
 
 from velo_chat.engine import locations
 from velo_chat.engine.atomic_file import atomic_write_text
@@ -23,6 +26,8 @@ from ..widgets.transcript.message import MessageView
 from ..widgets.transcript.text import code_blocks
 from ..widgets.transcript.transcript import Transcript
 
+log = logging.getLogger(__name__)
+
 
 class SessionActions:
     """Mixed into `ChatScreen`; uses its `session`, `busy`, `app` and widgets. Handlers use
@@ -32,21 +37,26 @@ class SessionActions:
 
     # -- the list -----------------------------------------------------------------------------
 
-    def refresh_sessions(self) -> None:
-        store = self.app.store
-        sessions = store.list_sessions()
-        q = self._filter.strip().lower()
-        if q:
-            hits = {h.session.id for h in self._search(q)}
-            sessions = [s for s in sessions if q in (s.title or "").lower() or s.id in hits]
-        active = self.session.id if self.session else None
-        self.query_one(SessionSidebar).show(sessions, active)
-
-    def _search(self, query: str):
+    @contextlib.contextmanager
+    def store_guard(self, title: str) -> Iterator[None]:
+        """Run store calls; a `StoreError` (locked, full, read-only, damaged database) becomes
+        an error dialog with its one-line reason instead of ending the app."""
         try:
-            return self.app.store.search(query)
-        except StoreError:  # a query FTS cannot parse: titles still filter
-            return []
+            yield
+        except StoreError as exc:
+            log.warning("%s: %s", title, exc)
+            self.app.push_screen(error_dialog(title, str(exc)))
+
+    def refresh_sessions(self) -> None:
+        with self.store_guard("Cannot list the sessions"):
+            store = self.app.store
+            sessions = store.list_sessions()
+            q = self._filter.strip().lower()
+            if q:  # the store escapes every query, so an error here is a real store problem
+                hits = {h.session.id for h in store.search(q)}
+                sessions = [s for s in sessions if q in (s.title or "").lower() or s.id in hits]
+            active = self.session.id if self.session else None
+            self.query_one(SessionSidebar).show(sessions, active)
 
     def on_session_sidebar_filter_changed(self, event: SessionSidebar.FilterChanged) -> None:
         self._filter = event.query
@@ -61,8 +71,13 @@ class SessionActions:
                         severity="warning")
             return
         store = self.app.store
-        self.session = store.get_session(session_id) if session_id else None
-        messages = store.messages(session_id) if session_id else []
+        loaded = None
+        with self.store_guard("Cannot open the session"):
+            loaded = ((store.get_session(session_id), store.messages(session_id)) if session_id
+                      else (None, []))
+        if loaded is None:
+            return
+        self.session, messages = loaded
         await self.query_one(Transcript).show_messages(messages)
         self.refresh_sessions()
         self._update_header()
@@ -74,7 +89,9 @@ class SessionActions:
         if lst.has_focus:
             sid = self.query_one(SessionSidebar).highlighted_id()
             if sid:
-                return self.app.store.get_session(sid)
+                with self.store_guard("Cannot read the session"):
+                    return self.app.store.get_session(sid)
+                return None
         return self.session
 
     def _need_target(self) -> Session | None:
@@ -95,10 +112,11 @@ class SessionActions:
 
         def done(title: str | None) -> None:
             if title:
-                self.app.store.rename(target.id, title)
-                if self.session and self.session.id == target.id:
-                    self.session = self.app.store.get_session(target.id)
-                    self._update_header()
+                with self.store_guard("Rename failed"):
+                    renamed = self.app.store.rename(target.id, title)
+                    if self.session and self.session.id == target.id:
+                        self.session = renamed
+                        self._update_header()
                 self.refresh_sessions()
 
         self.app.push_screen(TextPrompt("Rename session", target.title or "",
@@ -115,7 +133,12 @@ class SessionActions:
         async def done(yes: bool | None) -> None:
             if not yes:
                 return
-            self.app.store.delete(target.id)
+            deleted = False
+            with self.store_guard("Delete failed"):
+                self.app.store.delete(target.id)
+                deleted = True
+            if not deleted:
+                return
             if self.session and self.session.id == target.id:
                 await self.open_session(None)
             self.refresh_sessions()
@@ -129,11 +152,15 @@ class SessionActions:
         target = self._need_target()
         if target is None:
             return
-        messages = self.app.store.messages(target.id)
-        if not messages:
-            self.notify("Nothing to fork: the session is empty.", severity="warning")
+        fork = None
+        with self.store_guard("Fork failed"):
+            messages = self.app.store.messages(target.id)
+            if not messages:
+                self.notify("Nothing to fork: the session is empty.", severity="warning")
+                return
+            fork = self.app.store.fork(target.id, messages[-1].id)
+        if fork is None:
             return
-        fork = self.app.store.fork(target.id, messages[-1].id)
         await self.open_session(fork.id)
         self.notify(f"Forked into “{fork.title or 'untitled'}”.")
 
@@ -145,7 +172,8 @@ class SessionActions:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", target.title or "untitled").strip("-")[:40]
         path = folder / f"{slug or 'session'}-{target.id[:8]}.md"
         try:
-            atomic_write_text(path, self.app.store.export_markdown(target.id))
+            with self.store_guard("Export failed"):
+                atomic_write_text(path, self.app.store.export_markdown(target.id))
         except OSError as exc:
             self.app.push_screen(error_dialog("Export failed", f"{path}: {exc.strerror}"))
             return
@@ -167,7 +195,8 @@ class SessionActions:
                 self.app.push_screen(error_dialog("Profile not usable", str(exc)))
                 return
             if self.session is not None:
-                self.session = self.app.store.update_session(self.session.id, profile=name)
+                with self.store_guard("Cannot change the session's profile"):
+                    self.session = self.app.store.update_session(self.session.id, profile=name)
             self.app.use_profile(profile)
             self._update_header()
 

@@ -15,7 +15,7 @@ from textual.widgets.option_list import Option
 from velo_chat.engine.profile_schema import Profile
 from velo_chat.engine.profiles import (
     NAME_RE, ProfileError, list_profiles, load_profile, save_user_profile,
-    set_active_profile, shipped_profile,
+    shipped_profile,
 )
 
 from .. import keymap
@@ -48,6 +48,7 @@ class SettingsScreen(Screen[None]):
     def on_mount(self) -> None:
         self._fill_list(self.app.profile.name)
         self._title()
+        self.app.profile_changed.subscribe(self, self._profile_changed)
         self.query_one("#profile-list").focus()
 
     def _fill_list(self, highlight: str) -> None:
@@ -101,18 +102,20 @@ class SettingsScreen(Screen[None]):
     # -- actions ------------------------------------------------------------------------------
 
     def action_activate(self, name: str | None = None) -> None:
+        """Run `name` and save it as the active profile once it runs; a profile whose model
+        does not load leaves the running one active and nothing saved."""
         name = name or self.form.profile.name
         try:
-            set_active_profile(name)
             profile = load_profile(name)
         except ProfileError as exc:
             self.app.push_screen(error_dialog("Cannot activate", str(exc)))
             return
-        self.app.use_profile(profile)
-        self._fill_list(name)
-        self.form.load(profile)
+        self.app.use_profile(profile, activate=True)
+
+    def _profile_changed(self, profile: Profile) -> None:
+        """The running profile changed (now, or once a reload finished): mark it."""
+        self._fill_list(self.form.profile.name)
         self._title()
-        self.notify(f"Active profile: {name}")
 
     def _valid(self) -> Profile | None:
         profile = self.form.validate()
@@ -124,7 +127,11 @@ class SettingsScreen(Screen[None]):
         profile = self._valid()
         if profile is None:
             return
-        path = save_user_profile(profile)
+        try:
+            path = save_user_profile(profile)
+        except (ProfileError, OSError) as exc:
+            self.app.push_screen(error_dialog("Not saved", _why(exc)))
+            return
         self.form.profile = profile
         if profile.name == self.app.profile.name:
             self.app.use_profile(profile)
@@ -149,8 +156,12 @@ class SettingsScreen(Screen[None]):
             from velo_chat.engine.profiles import build_profile
 
             data, _ = self.form.collect()
-            profile = build_profile(name, data)
-            save_user_profile(profile)
+            try:
+                profile = build_profile(name, data)
+                save_user_profile(profile)
+            except (ProfileError, OSError) as exc:
+                self.app.push_screen(error_dialog("Not saved", _why(exc)))
+                return
             self._fill_list(name)
             self.form.load(profile)
             self._title()
@@ -161,7 +172,12 @@ class SettingsScreen(Screen[None]):
 
     def action_revert(self) -> None:
         name = self.form.profile.name
-        self.form.load(self.app.profile if name == self.app.profile.name else load_profile(name))
+        try:
+            profile = self.app.profile if name == self.app.profile.name else load_profile(name)
+        except ProfileError as exc:
+            self.app.push_screen(error_dialog("Cannot revert", str(exc)))
+            return
+        self.form.load(profile)
         self.notify("Reverted")
 
     def action_diff(self) -> None:
@@ -174,3 +190,10 @@ class SettingsScreen(Screen[None]):
 
     def action_close(self) -> None:
         self.app.pop_screen()
+
+
+def _why(exc: BaseException) -> str:
+    """One line for a dialog: an OSError's path and reason, or the error's own message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)

@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 
 from velo_chat.engine.engine import PromptTooLong, ResumePreview
+from velo_chat.engine.llama_model import LoadCancelled
 from velo_chat.engine.events import (
     ModelLoaded, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnStarted, TurnStats,
 )
@@ -39,6 +40,12 @@ class FakeScript:
     reply: str = "Hello! Here is **bold** text."
     prompt_limit: int = 4096
     load_error: Exception | None = None
+    check_errors: dict[str, Exception] = field(default_factory=dict)  # by profile name
+    load_errors: dict[str, Exception] = field(default_factory=dict)  # by profile name
+    load_gates: dict[str, threading.Event] = field(default_factory=dict)  # load waits on it
+    turn_error: Exception | None = None  # raised by `turn()` itself (before any event)
+    preview_error: Exception | None = None
+    crash_after: int | None = None  # the event iterator raises after this many tokens
     pause_after: int | None = None  # tokens before waiting on `gate`
     pause_in_prefill: bool = False  # wait on `gate` after the first prefill ubatch instead
     gate: threading.Event = field(default_factory=threading.Event)
@@ -57,11 +64,21 @@ class FakeEngine:
         self.turns: list[list] = []
         self.closed = False
 
+    def check(self) -> None:
+        error = self.script.check_errors.get(self.profile.name)
+        if error is not None:
+            raise error
+
     def load(self, on_event=None, cancel=None) -> ModelLoaded:
         emit = on_event or (lambda e: None)
         emit(ModelLoading(0.5))
-        if self.script.load_error is not None:
-            raise self.script.load_error
+        error = self.script.load_errors.get(self.profile.name, self.script.load_error)
+        if error is not None:
+            raise error
+        gate = self.script.load_gates.get(self.profile.name)
+        while gate is not None and not gate.wait(0.01):
+            if cancel is not None and cancel.is_set():
+                raise LoadCancelled(f"loading {self.profile.name} was cancelled")
         emit(ModelLoading(1.0))
         self.model, self.ctx = FakeModel(), FakeCtx()
         info = ModelLoaded("/models/fake.gguf", "llama", 135_000_000, 100 << 20, 4096, 2, False,
@@ -73,6 +90,8 @@ class FakeEngine:
         return sum(4 + len(m.content) // 4 for m in messages)
 
     def preview(self, messages) -> ResumePreview:
+        if self.script.preview_error is not None:
+            raise self.script.preview_error
         n = self._count(messages)
         cached = min(self.live, n - 1)
         return ResumePreview(n, cached, n - cached, "live" if cached else "none", 0.1)
@@ -82,6 +101,8 @@ class FakeEngine:
         if n > self.script.prompt_limit:
             raise PromptTooLong(f"the conversation is {n:,} tokens but the context holds "
                                 f"{self.script.prompt_limit:,}")
+        if self.script.turn_error is not None:
+            raise self.script.turn_error
         self.turns.append(list(messages))
         return self._run(n, cancel or threading.Event())
 
@@ -112,6 +133,8 @@ class FakeEngine:
                 yield TokenDelta(piece, count, s.t0 + count * s.dt)
                 if s.pause_after is not None and count == s.pause_after:
                     self._wait(cancel)
+                if s.crash_after is not None and count == s.crash_after:
+                    raise RuntimeError("the fake engine crashed mid-reply")
                 if cancel.is_set():
                     finish = "cancelled"
                     break

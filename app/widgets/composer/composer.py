@@ -1,5 +1,15 @@
 """The message input: multi-line, Enter sends, Ctrl+J (or Alt+Enter) inserts a new line, and
-Up/Down on the first/last line walk the prompt history (like a shell)."""
+Up/Down on the first/last line walk the prompt history (like a shell).
+
+Never lose a keystroke. Enter is a *priority* binding (TextArea would otherwise take it as a new
+line), and priority bindings run in the App's message loop as soon as the App reads the key,
+while the characters typed before it are still queued on this widget. Reading `self.text` in the
+action itself would send a prefix of what was typed, and clearing the input afterwards would
+drop the rest (seen with `tmux send-keys` on a busy machine). So the action only schedules the
+send on this widget's own queue, behind every key already delivered; the send then takes the
+whole text and clears exactly that text in the same step. While the screen says sending is not
+possible (`accepting` False: no model yet, a reply streaming), the text stays where it is.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +26,16 @@ class Composer(TextArea):
 
     @dataclass
     class Submitted(Message):
+        """The input was taken (and cleared): the screen must send `text` or give it back."""
+
         composer: Composer
         text: str
+
+    @dataclass
+    class Held(Message):
+        """Enter was pressed while sending is not possible; the text stays in the input."""
+
+        composer: Composer
 
     def __init__(self, *, history: list[str] | None = None, cursor_blink: bool = True,
                  id: str | None = None) -> None:
@@ -26,19 +44,31 @@ class Composer(TextArea):
         self.prompt_history: list[str] = list(history or [])
         self._history_pos: int | None = None  # index into history while browsing
         self._draft = ""
+        self.accepting = True  # set by the screen: can a message be sent right now?
 
     def action_submit(self) -> None:
+        # Runs from the App's loop, possibly ahead of keys still queued here: see the docstring.
+        self.call_later(self._submit_queued)
+
+    def _submit_queued(self) -> None:
         text = self.text
         if not text.strip():
             return
-        self.post_message(self.Submitted(self, text))
-
-    def remember(self, text: str) -> None:
-        """Add a sent prompt to the history and clear the input."""
+        if not self.accepting:
+            self.post_message(self.Held(self))
+            return
         if not self.prompt_history or self.prompt_history[-1] != text:
             self.prompt_history.append(text)
         self._history_pos = None
         self.clear()
+        self.post_message(self.Submitted(self, text))
+
+    def give_back(self, text: str) -> None:
+        """Put a message that was not sent back in front of whatever was typed since."""
+        rest = self.text
+        joined = text if not rest.strip() else f"{text}\n\n{rest}"
+        self.load_text(joined)
+        self.move_cursor(self.document.end)
 
     def action_newline(self) -> None:
         self.insert("\n")
