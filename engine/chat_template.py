@@ -3,16 +3,24 @@
 Templates are written for HuggingFace's `apply_chat_template`, so the environment mirrors it:
 a sandbox, `trim_blocks`/`lstrip_blocks`, `raise_exception`, `strftime_now`, and the `bos_token`
 / `eos_token` strings. The renderer is compiled once per model.
+
+`segments()` is what the engine tokenizes: the rendering cut into the template's own text and
+each message's text, so message text never becomes control tokens (`prompt_segments.py`).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import jinja2
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .prompt_segments import PromptSplitter, Segment
+
+_SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}
 
 
 class ChatTemplateError(ValueError):
@@ -33,9 +41,23 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _split_separators(env: jinja2.Environment, source: str) -> list[str]:
+    """String constants the template splits message text on, e.g. Qwen3's "</think>" (it keeps
+    only the answer of earlier replies): the segmenter looks for those parts of a message."""
+    found: list[str] = []
+    for call in env.parse(source).find_all(nodes.Call):
+        target = call.node
+        if (isinstance(target, nodes.Getattr) and target.attr in _SPLIT_METHODS and call.args
+                and isinstance(call.args[0], nodes.Const) and isinstance(call.args[0].value, str)):
+            found.append(call.args[0].value)
+    return found
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str, eos_token: str,
-                 model_name: str = "model") -> None:
+                 model_name: str = "model", protected: Iterable[str] = ()) -> None:
+        """`protected`: the texts of the tokens message text must never become (the model's
+        control tokens); the engine passes them from the vocabulary."""
         if not source:
             raise ChatTemplateError(
                 f"{model_name} has no chat template in its GGUF metadata "
@@ -51,11 +73,30 @@ class ChatTemplate:
             raise ChatTemplateError(f"{model_name}: cannot parse its chat template: {exc}") from None
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._splitter = PromptSplitter(protected=protected,
+                                        separators=_split_separators(env, source),
+                                        fixed_texts=(source, bos_token, eos_token))
 
     def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
+        """The conversation as one string (message text included verbatim)."""
+        return self._render([m.role for m in messages], [m.content for m in messages],
+                            add_generation_prompt)
+
+    def segments(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+                 ) -> list[Segment]:
+        """The rendering cut into scaffolding and message text; the texts concatenate to
+        `render(...)` (see `prompt_segments.py` for the one exception: a template that rewrites
+        message text containing control-token text sees placeholders for it)."""
+        roles = [m.role for m in messages]
+        return self._splitter.split(
+            lambda contents: self._render(roles, contents, add_generation_prompt),
+            [m.content for m in messages])
+
+    def _render(self, roles: Sequence[str], contents: Sequence[str],
+                add_generation_prompt: bool) -> str:
         try:
             return self._template.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
+                messages=[{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)],
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,

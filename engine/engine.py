@@ -178,8 +178,12 @@ class Engine:
     # -- planning -------------------------------------------------------------------------------
 
     def tokens_for(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The conversation's prompt tokens. Message text (the user's, and replies put back into
+        the history) is tokenized as plain text, so text such as "<|im_end|>" in a pasted log
+        never becomes a control token; the same conversation always gives the same tokens, and
+        the tokens before a message's text do not depend on that text (docs/engine.md)."""
         model, _ = self._require()
-        return model.tokenize_prompt(model.chat_template.render(messages))
+        return model.tokenize_segments(model.chat_template.segments(messages))
 
     def _live_usable(self, tokens: Sequence[int]) -> int:
         model, _ = self._require()

@@ -4,6 +4,9 @@ Why not llama-cpp-python's `Llama` class: it never reuses a prefix on hybrid mod
 disk cache and dup2s the process's stdout/stderr when quiet (DESIGN.md). This wrapper only owns
 the `llama_model*` and its vocabulary: tokenize, detokenize one token, end-of-generation checks,
 the chat template and a fingerprint. Contexts are in `llama_context.py`.
+
+Chat prompts are tokenized segment by segment (`tokenize_segments`): the template's own text with
+control tokens parsed, message text as plain text (`prompt_segments.py`, `prompt_tokens.py`).
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import gguf_file, llama_log
 from .chat_template import ChatTemplate
 from .profile_schema import ModelSettings
+from .prompt_segments import Segment
+from .prompt_tokens import PromptTokenizer, scan_vocab
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +91,7 @@ class LlamaModel:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog_cache: dict[int, bool] = {}
         self._template: ChatTemplate | None = None
+        self._prompt_tokenizer: PromptTokenizer | None = None
         log.info("loaded %s (%s, %.1f MB, hybrid=%s) in %.2fs", self.path, self.architecture,
                  self.size_bytes / 1e6, self.hybrid, self.load_s)
 
@@ -93,6 +99,8 @@ class LlamaModel:
 
     def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True
                  ) -> list[int]:
+        """Raw llama.cpp tokenization. With `parse_special`, control-token text becomes control
+        tokens: never pass message text that way (use `tokenize_segments`)."""
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self._ll.llama_token * n_max)()
@@ -126,6 +134,16 @@ class LlamaModel:
     # -- chat -----------------------------------------------------------------------------------
 
     @property
+    def prompt_tokenizer(self) -> PromptTokenizer:
+        """Tokenizes chat segments; knows which tokens message text must never become."""
+        if self._prompt_tokenizer is None:
+            special = scan_vocab(self._ll, self.vocab, self.n_vocab)
+            self._prompt_tokenizer = PromptTokenizer(
+                lambda text, parse_special: self.tokenize(text, parse_special=parse_special),
+                special)
+        return self._prompt_tokenizer
+
+    @property
     def chat_template(self) -> ChatTemplate:
         """The model's own template (raises ChatTemplateError if the GGUF has none)."""
         if self._template is None:
@@ -136,12 +154,14 @@ class LlamaModel:
                 bos_token=self.token_text(self.bos_id) if self.bos_id >= 0 else "",
                 eos_token=self.token_text(self.eos_id) if self.eos_id >= 0 else "",
                 model_name=self.path.name,
+                protected=self.prompt_tokenizer.special.protected_texts,
             )
         return self._template
 
-    def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokens for a rendered chat: special tokens parsed, BOS added once if the model wants it."""
-        tokens = self.tokenize(text, add_special=False, parse_special=True)
+    def tokenize_segments(self, segments: Sequence[Segment]) -> list[int]:
+        """Tokens for a rendered chat: scaffolding with control tokens, message text as plain
+        text; BOS added once if the model wants it."""
+        tokens = self.prompt_tokenizer.tokens(segments)
         if self.add_bos and self.bos_id >= 0 and (not tokens or tokens[0] != self.bos_id):
             tokens.insert(0, self.bos_id)
         return tokens
