@@ -25,7 +25,7 @@ SIZE = (120, 36)
 CODE_REPLY = "Here you go:\n\n```python\nprint('hi')\n```\n\nand\n\n```sh\nls -l\n```\n"
 
 
-async def until(pilot, cond, timeout: float = 5.0) -> None:
+async def until(pilot, cond, timeout: float = 60.0) -> None:  # generous: a loaded machine
     for _ in range(int(timeout / 0.02)):
         if cond():
             await pilot.pause()

@@ -28,7 +28,7 @@ def chat(app) -> ChatScreen:
     return next(s for s in app.screen_stack if isinstance(s, ChatScreen))
 
 
-async def wait_for(cond, timeout: float = 5.0) -> None:
+async def wait_for(cond, timeout: float = 60.0) -> None:  # generous: a loaded machine
     for _ in range(int(timeout / 0.02)):
         if cond():
             return
