@@ -1,7 +1,9 @@
 """Session exports (Markdown for people, JSON for re-import) and validation of imports.
 
-The JSON format is versioned (`{"format": "velo-chat.session", "version": 1, ...}`) so a later
-velo-chat can still read old files and an old one refuses new files clearly. Database ids are
+The JSON format is versioned (`{"format": "velo-chat.session", "version": 2, ...}`) so a later
+velo-chat can still read old files and an old one refuses new files clearly. Version 2 added each
+reply's `reasoning`, apart from its `content`; a version 1 file's replies carry theirs inline (a
+leading `<think>` block), which an import moves out as the schema migration does. Database ids are
 exported for reference only: an import always gets a new session id, so importing the same file
 twice gives two sessions, never a collision. Everything here is pure (no database access).
 """
@@ -18,9 +20,10 @@ from typing import Any, Final
 from .errors import InvalidImport
 from .input_text import BinaryInput, decode_text, replace_surrogates
 from .models import ROLES, STATUSES, Message, Session
+from .reasoning import split_inline
 
 FORMAT: Final = "velo-chat.session"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
 _PREFIX: Final = "invalid session file: "
 
 
@@ -33,6 +36,7 @@ class ImportedMessage:
     completion_tokens: int | None
     stats: dict[str, Any]
     created_at: float
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,7 @@ def export_json(
                 "position": m.position,
                 "role": m.role,
                 "content": m.content,
+                "reasoning": m.reasoning,
                 "status": m.status,
                 "prompt_tokens": m.prompt_tokens,
                 "completion_tokens": m.completion_tokens,
@@ -104,7 +109,11 @@ def export_markdown(session: Session, messages: Sequence[Message]) -> str:
     if session.system_prompt:
         lines += ["## System prompt", "", session.system_prompt, ""]
     for message in messages:
-        lines += [f"## {message.role.capitalize()}", "", message.content]
+        lines += [f"## {message.role.capitalize()}", ""]
+        if message.reasoning:  # collapsed, as in the transcript
+            lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "",
+                      "</details>", ""]
+        lines.append(message.content)
         if message.status != "complete":
             lines += ["", f"*({message.status})*"]
         lines.append("")
@@ -149,11 +158,12 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
         profile=profile,
         system_prompt=_get(raw, "system_prompt", str, "session", optional=True) or "",
         model_fingerprint=_get(raw, "model_fingerprint", str, "session", optional=True),
-        messages=tuple(_message(m, f"messages[{i}]", created_at) for i, m in enumerate(items)),
+        messages=tuple(_message(m, f"messages[{i}]", created_at, version)
+                       for i, m in enumerate(items)),
     )
 
 
-def _message(item: object, where: str, default_time: float) -> ImportedMessage:
+def _message(item: object, where: str, default_time: float, version: int) -> ImportedMessage:
     raw = _mapping(item, where)
     role = _get(raw, "role", str, where)
     if role not in ROLES:
@@ -170,9 +180,16 @@ def _message(item: object, where: str, default_time: float) -> ImportedMessage:
         stats = {}
     elif not isinstance(stats, dict):
         raise InvalidImport(_PREFIX + f"{where}.stats must be an object (got {_kind(stats)})")
+    content = _get(raw, "content", str, where)
+    reasoning = _get(raw, "reasoning", str, where, optional=True) or ""
+    if version < 2 and role == "assistant":  # reasoning inline, as velo-chat stored it then
+        inline, answer = split_inline(content)
+        if inline is not None:
+            reasoning, content = inline, answer
     return ImportedMessage(
         role=role,
-        content=_get(raw, "content", str, where),
+        content=content,
+        reasoning=reasoning,
         status=status,
         prompt_tokens=_count(raw, "prompt_tokens", where),
         completion_tokens=_count(raw, "completion_tokens", where),

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Final
 
 from .errors import IncompatibleStore
+from .reasoning import INLINE_OPEN, split_inline
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,23 @@ def _v1_initial(conn: sqlite3.Connection) -> None:
     )
 
 
-MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_v1_initial,)
+def _v2_reasoning(conn: sqlite3.Connection) -> None:
+    """A reply's reasoning in its own column, apart from the answer. Replies stored before kept
+    it inline, as a `<think>...</think>` block at the start of the content: it is moved out
+    (`reasoning.split_inline`), so every reply reads the same way whatever its age."""
+    conn.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")
+    rows = conn.execute(
+        "SELECT id, content FROM messages WHERE role = 'assistant' AND instr(content, ?) > 0",
+        (INLINE_OPEN,),
+    ).fetchall()
+    for message_id, content in rows:
+        thinking, answer = split_inline(content)
+        if thinking is not None:
+            conn.execute("UPDATE messages SET content = ?, reasoning = ? WHERE id = ?",
+                         (answer, thinking, message_id))
+
+
+MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_v1_initial, _v2_reasoning)
 """Step i takes the database from version i to version i + 1."""
 
 LATEST_VERSION: Final = len(MIGRATIONS)

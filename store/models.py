@@ -60,6 +60,9 @@ class Message:
     stats: dict[str, Any]
     """Per-turn engine stats (ttft, tok/s, checkpoint source ...), stored as JSON."""
     created_at: float
+    reasoning: str = ""
+    """A reply's reasoning (a thinking model's), kept apart from its answer in `content`;
+    "" when the model did not think."""
 
 
 @dataclass(frozen=True, slots=True)

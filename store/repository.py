@@ -297,18 +297,21 @@ class SessionStore:
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
         stats: Mapping[str, Any] | None = None,
+        reasoning: str = "",
     ) -> Message:
         """Append a message; bumps `updated_at` and, for the first user message of an untitled
-        session, sets the title from it (`make_title`)."""
+        session, sets the title from it (`make_title`). `reasoning`: a reply's reasoning, kept
+        apart from its answer (`content`)."""
         rows.check_choice(role, ROLES, "role")
         rows.check_choice(status, STATUSES, "status")
         rows.check_count(prompt_tokens, "prompt_tokens")
         rows.check_count(completion_tokens, "completion_tokens")
         content = rows.check_content(content)
+        reasoning = rows.check_content(reasoning, "reasoning")
         stats_json = rows.stats_json(stats)
         with self._transaction(write=True) as conn:
             return self._append(conn, session_id, role, content, status, prompt_tokens,
-                                completion_tokens, stats_json)
+                                completion_tokens, stats_json, reasoning)
 
     def add_exchange(
         self, session_id: str, user_text: str, *, replace_after: int | None = None
@@ -334,7 +337,7 @@ class SessionStore:
 
     def _append(self, conn: sqlite3.Connection, session_id: str, role: str, content: str,
                 status: str, prompt_tokens: int | None, completion_tokens: int | None,
-                stats_json: str) -> Message:
+                stats_json: str, reasoning: str = "") -> Message:
         now = self._clock()  # read under the lock: positions and times agree in order
         session = rows.session(conn, session_id)
         position = conn.execute(
@@ -343,7 +346,7 @@ class SessionStore:
         ).fetchone()[0]
         message_id = rows.insert_message(
             conn, session_id, position, role, content, status, prompt_tokens,
-            completion_tokens, stats_json, now,
+            completion_tokens, stats_json, now, reasoning,
         )  # fmt: skip
         title = session.title
         if title is None and role == "user":
@@ -363,12 +366,15 @@ class SessionStore:
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
         stats: Mapping[str, Any] | None = None,
+        reasoning: str | None = None,
     ) -> Message:
         """Change a message in place (a streaming reply); arguments left None keep their value.
         Bumps the session's `updated_at`."""
         changes: dict[str, Any] = {}
         if content is not None:
             changes["content"] = rows.check_content(content)
+        if reasoning is not None:
+            changes["reasoning"] = rows.check_content(reasoning, "reasoning")
         if status is not None:
             changes["status"] = rows.check_choice(status, STATUSES, "status")
         if prompt_tokens is not None:
@@ -503,6 +509,6 @@ class SessionStore:
             for position, m in enumerate(doc.messages):
                 rows.insert_message(
                     conn, session.id, position, m.role, m.content, m.status, m.prompt_tokens,
-                    m.completion_tokens, rows.stats_json(m.stats), m.created_at,
+                    m.completion_tokens, rows.stats_json(m.stats), m.created_at, m.reasoning,
                 )  # fmt: skip
         return session

@@ -23,7 +23,7 @@ SESSION_COLUMNS = (
 )
 MESSAGE_FIELDS = (
     "id", "session_id", "position", "role", "content", "status",
-    "prompt_tokens", "completion_tokens", "stats", "created_at",
+    "prompt_tokens", "completion_tokens", "stats", "created_at", "reasoning",
 )  # fmt: skip
 MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in MESSAGE_FIELDS)
 COPY_FIELDS = ", ".join(MESSAGE_FIELDS[3:])
@@ -90,13 +90,14 @@ def insert_message(
     completion_tokens: int | None,
     stats: str,
     created_at: float,
+    reasoning: str = "",
 ) -> int:
     """Insert one message row (`stats` already JSON); returns its id."""
     cursor = conn.execute(
         "INSERT INTO messages (session_id, position, role, content, status, prompt_tokens,"
-        " completion_tokens, stats, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " completion_tokens, stats, created_at, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (session_id, position, role, content, status, prompt_tokens, completion_tokens, stats,
-         created_at),
+         created_at, reasoning),
     )  # fmt: skip
     assert cursor.lastrowid is not None
     return cursor.lastrowid
@@ -121,9 +122,9 @@ def clean_title(title: str) -> str:
     return " ".join(require_text(title, "a session title").split())
 
 
-def check_content(content: object) -> str:
+def check_content(content: object, what: str = "message content") -> str:
     if not isinstance(content, str):
-        raise InvalidArgument(f"message content must be text (got {type(content).__name__})")
+        raise InvalidArgument(f"{what} must be text (got {type(content).__name__})")
     return text(content)
 
 
