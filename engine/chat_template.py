@@ -11,14 +11,17 @@ each message's text, so message text never becomes control tokens (`prompt_segme
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .prompt_segments import PromptSplitter, Segment
+from .thinking import ThinkingSupport, inspect_template
 
 _SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}
 
@@ -31,6 +34,7 @@ class ChatTemplateError(ValueError):
 class ChatMessage:
     role: str  # "system", "user" or "assistant"
     content: str
+    reasoning_content: str = ""  # a reply's reasoning, kept apart from its answer (`content`)
 
 
 def _raise(message: str) -> None:
@@ -73,30 +77,33 @@ class ChatTemplate:
             raise ChatTemplateError(f"{model_name}: cannot parse its chat template: {exc}") from None
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._env, self._source = env, source
         self._splitter = PromptSplitter(protected=protected,
                                         separators=_split_separators(env, source),
                                         fixed_texts=(source, bos_token, eos_token))
 
-    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> str:
-        """The conversation as one string (message text included verbatim)."""
-        return self._render([m.role for m in messages], [m.content for m in messages],
-                            add_generation_prompt)
+    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
+               variables: Mapping[str, Any] | None = None) -> str:
+        """The conversation as one string (message text included verbatim). `variables`:
+        extra template variables (`enable_thinking`, ...: `ThinkingSupport.variables`)."""
+        return self._render(messages, _texts(messages), add_generation_prompt, variables)
 
-    def segments(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
-                 ) -> list[Segment]:
-        """The rendering cut into scaffolding and message text; the texts concatenate to
-        `render(...)` (see `prompt_segments.py` for the one exception: a template that rewrites
-        message text containing control-token text sees placeholders for it)."""
-        roles = [m.role for m in messages]
+    def segments(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
+                 variables: Mapping[str, Any] | None = None) -> list[Segment]:
+        """The rendering cut into scaffolding and message text (a reply's reasoning is message
+        text too); the texts concatenate to `render(...)` (see `prompt_segments.py` for the one
+        exception: a template that rewrites message text containing control-token text sees
+        placeholders for it)."""
         return self._splitter.split(
-            lambda contents: self._render(roles, contents, add_generation_prompt),
-            [m.content for m in messages])
+            lambda texts: self._render(messages, texts, add_generation_prompt, variables),
+            _texts(messages))
 
-    def _render(self, roles: Sequence[str], contents: Sequence[str],
-                add_generation_prompt: bool) -> str:
+    def _render(self, messages: Sequence[ChatMessage], texts: Sequence[str],
+                add_generation_prompt: bool, variables: Mapping[str, Any] | None) -> str:
         try:
             return self._template.render(
-                messages=[{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)],
+                **(variables or {}),
+                messages=_message_dicts(messages, texts),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -105,3 +112,30 @@ class ChatTemplate:
             raise
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template failed to render: {exc}") from None
+
+    @functools.cached_property
+    def thinking(self) -> ThinkingSupport:
+        """The template's thinking controls and reasoning markers (`thinking.py`)."""
+        probe = [ChatMessage("user", "Hi")]
+        return inspect_template(self._env.parse(self._source), self._source,
+                                lambda variables: self.render(probe, variables=variables))
+
+
+def _texts(messages: Sequence[ChatMessage]) -> list[str]:
+    """The message texts the segmenter looks for: every message's content, then the reasoning
+    of the replies that have one (in message order)."""
+    return [m.content for m in messages] + [m.reasoning_content for m in messages
+                                            if m.reasoning_content]
+
+
+def _message_dicts(messages: Sequence[ChatMessage], texts: Sequence[str]) -> list[dict[str, str]]:
+    """The `messages` a template sees, with `texts` (as `_texts` orders them) for the text.
+    `reasoning_content` is there only when a reply has reasoning, as in HF's chat messages."""
+    reasoning = iter(texts[len(messages):])
+    out = []
+    for m, content in zip(messages, texts, strict=False):
+        d = {"role": m.role, "content": content}
+        if m.reasoning_content:
+            d["reasoning_content"] = next(reasoning)
+        out.append(d)
+    return out

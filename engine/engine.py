@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 
 from . import default_model, gguf_file, locations
-from .chat_template import ChatMessage
+from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Candidate, Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
-from .profile_schema import Profile, SamplingSettings
+from .profile_schema import Profile, ReasoningSettings, SamplingSettings
+from .thinking import ThinkingSupport, requested
 from .turn_runner import TurnPlan, common_prefix, run_turn
 
 log = logging.getLogger(__name__)
@@ -177,13 +178,41 @@ class Engine:
 
     # -- planning -------------------------------------------------------------------------------
 
-    def tokens_for(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def tokens_for(self, messages: Sequence[ChatMessage],
+                   variables: Mapping[str, Any] | None = None) -> list[int]:
         """The conversation's prompt tokens. Message text (the user's, and replies put back into
-        the history) is tokenized as plain text, so text such as "<|im_end|>" in a pasted log
-        never becomes a control token; the same conversation always gives the same tokens, and
-        the tokens before a message's text do not depend on that text (docs/engine.md)."""
+        the history with their reasoning) is tokenized as plain text, so text such as
+        "<|im_end|>" in a pasted log never becomes a control token; the same conversation always
+        gives the same tokens, and the tokens before a message's text do not depend on that text
+        (docs/engine.md). `variables`: extra template variables (`template_variables`)."""
+        return self._prompt(messages, variables)[0]
+
+    def _prompt(self, messages: Sequence[ChatMessage],
+                variables: Mapping[str, Any] | None) -> tuple[list[int], str]:
+        """The prompt tokens and the template's text after the last message's (the generation
+        prompt, which may open a reasoning block)."""
         model, _ = self._require()
-        return model.tokenize_segments(model.chat_template.segments(messages))
+        segments = model.chat_template.segments(messages, variables=variables)
+        last_plain = max((i for i, s in enumerate(segments) if s.plain), default=-1)
+        tail = "".join(s.text for s in segments[last_plain + 1:])
+        return model.tokenize_segments(segments), tail
+
+    def thinking_support(self) -> ThinkingSupport | None:
+        """The thinking controls the model's chat template offers (None: it has no usable
+        template, which a turn reports)."""
+        model, _ = self._require()
+        try:
+            return model.chat_template.thinking
+        except ChatTemplateError:
+            return None
+
+    def template_variables(self, reasoning: ReasoningSettings | None = None) -> dict[str, Any]:
+        """The template variables a turn with these reasoning settings renders with (the
+        profile's when None): the template's own thinking switch and level, if it has them."""
+        support = self.thinking_support()
+        if support is None:
+            return {}
+        return support.variables(*requested(reasoning or self.profile.reasoning))
 
     def _live_usable(self, tokens: Sequence[int]) -> int:
         model, _ = self._require()
@@ -203,10 +232,12 @@ class Engine:
             return cand.n_tokens, cand.source, cand
         return live_n, ("live" if live_n else "none"), None
 
-    def preview(self, messages: Sequence[ChatMessage]) -> ResumePreview:
+    def preview(self, messages: Sequence[ChatMessage], *,
+                reasoning: ReasoningSettings | None = None) -> ResumePreview:
         """How much the next turn would reuse, without touching the context (the UI shows this
-        before sending): cached tokens, tokens to prefill, estimated prefill seconds."""
-        tokens = self.tokens_for(messages)
+        before sending): cached tokens, tokens to prefill, estimated prefill seconds. Give the
+        `reasoning` settings the turn will run with: they can change the prompt."""
+        tokens = self.tokens_for(messages, self.template_variables(reasoning))
         cached, source, _ = self._plan(tokens)
         tail = len(tokens) - cached
         rate = self.last_prefill_tok_s
@@ -215,17 +246,20 @@ class Engine:
     # -- turns ----------------------------------------------------------------------------------
 
     def turn(self, messages: Sequence[ChatMessage], *, sampling: SamplingSettings | None = None,
-             max_tokens: int | None = None, cancel: threading.Event | None = None,
+             reasoning: ReasoningSettings | None = None, max_tokens: int | None = None,
+             cancel: threading.Event | None = None,
              ignore_eos: bool = False) -> Iterator[EngineEvent]:
         """Prepare a turn and return its event iterator.
 
         Raises at once (before any event) for user errors: no chat template, a conversation
-        longer than the context. `ignore_eos` keeps decoding past end-of-generation tokens (the
+        longer than the context. `reasoning` (the profile's when None) sets the template's
+        thinking switch and level. `ignore_eos` keeps decoding past end-of-generation tokens (the
         benchmark uses it to time a fixed number of tokens).
         """
-        _, ctx = self._require()
+        model, ctx = self._require()
         t_start = time.perf_counter()
-        tokens = self.tokens_for(messages)
+        variables = self.template_variables(reasoning)
+        tokens, prompt_tail = self._prompt(messages, variables)
         if len(tokens) >= ctx.n_ctx:
             raise PromptTooLong(
                 f"the conversation is {len(tokens):,} tokens but the context holds {ctx.n_ctx:,}"
@@ -234,7 +268,10 @@ class Engine:
         settings = sampling or self.profile.sampling
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
+        support = model.chat_template.thinking
         plan = TurnPlan(messages=tuple(messages), tokens=tokens, sampling=settings,
                         cancel=cancel or threading.Event(),
-                        t_start=t_start, ignore_eos=ignore_eos)
+                        t_start=t_start, ignore_eos=ignore_eos, variables=variables,
+                        thinking=support,
+                        opens_in_reasoning=support.opens_reasoning(prompt_tail))
         return run_turn(self, plan)

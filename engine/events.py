@@ -47,9 +47,15 @@ class PrefillProgress:
 
 @dataclass(frozen=True)
 class TokenDelta:
-    text: str  # may be "" while a multi-byte character is incomplete
+    """One sampled token. A thinking model's reply is split into reasoning and answer
+    (`thinking.py`): the reasoning text goes to `reasoning`, the answer's to `text`. Either may
+    be "" while a multi-byte character is incomplete or a reasoning marker may be starting."""
+
+    text: str  # answer text
     token_id: int
     t: float  # time.perf_counter() when the token was sampled
+    reasoning: str = ""  # reasoning text
+    in_reasoning: bool = False  # the token belongs to the reasoning (markers included)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,12 @@ class TurnStats:
     total_s: float
     finish_reason: str  # "stop", "length", "context", "cancelled"
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    reasoning_tokens: int = 0  # of decode_tokens, those of the reasoning (markers included)
+    first_answer_s: float | None = None  # from the start of the turn to the first answer text
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.decode_tokens - self.reasoning_tokens
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,19 +113,25 @@ class TurnStats:
             "total_s": round(self.total_s, 4),
             "finish_reason": self.finish_reason,
             "checkpoint": dict(self.checkpoint),
+            "reasoning_tokens": self.reasoning_tokens,
+            "answer_tokens": self.answer_tokens,
+            "first_answer_s": None if self.first_answer_s is None
+            else round(self.first_answer_s, 4),
         }
 
 
 @dataclass(frozen=True)
 class TurnDone:
-    text: str
+    text: str  # the answer
     stats: TurnStats
+    reasoning: str = ""  # the reasoning, apart from the answer ("" if the model did not think)
 
 
 @dataclass(frozen=True)
 class TurnFailed:
     reason: str
-    text: str = ""  # partial text, kept
+    text: str = ""  # partial answer, kept
+    reasoning: str = ""  # partial reasoning, kept
 
 
 EngineEvent = (

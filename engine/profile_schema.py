@@ -116,8 +116,24 @@ class SamplingSettings:
 
 @dataclass(frozen=True)
 class ReasoningSettings:
-    """Thinking models (`<think>...</think>`)."""
+    """Thinking models (`<think>...</think>`): whether and how hard they think, passed to the chat
+    template as its own variables (docs/thinking.md). Changes apply to the next turn."""
 
+    enabled: str = setting(
+        "auto",
+        "Whether the model thinks before it answers: \"on\" or \"off\" sets the chat "
+        "template's switch (`enable_thinking`, or what the template calls it: `thinking`, "
+        "`reasoning`, `thinking_mode`...); \"auto\" leaves the template's default. Ctrl+G "
+        "flips it in the chat for the turns that follow. A template without a switch ignores it.",
+        choices=("auto", "on", "off"),
+    )
+    effort: str = setting(
+        "auto",
+        "How hard to think, for templates with levels (`reasoning_effort`, `thinking_effort` or "
+        "`reasoning_strength`; e.g. low, medium, high, max: the template says which it takes). "
+        "\"auto\" leaves the template's default. Passed as written; a template that checks its "
+        "levels refuses the turn with its own message. Templates without levels ignore it.",
+    )
     show_thinking: bool = setting(
         True, "Show the model's reasoning in a collapsible block (collapsed by default)."
     )

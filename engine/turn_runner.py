@@ -13,8 +13,8 @@ import codecs
 import logging
 import time
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from .chat_template import ChatMessage
 from .llama_context import DecodeError
 from .profile_schema import SamplingSettings
 from .sampling import Sampler
+from .thinking import ReasoningSplitter, ThinkingSupport
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -65,6 +66,14 @@ class TurnPlan:
     cancel: threading.Event
     t_start: float
     ignore_eos: bool
+    variables: Mapping[str, Any] = field(default_factory=dict)  # extra template variables
+    thinking: ThinkingSupport = field(default_factory=ThinkingSupport)  # reasoning markers
+    opens_in_reasoning: bool = False  # the generation prompt ends inside a reasoning block
+
+    def splitter(self) -> ReasoningSplitter:
+        """Splits this turn's reply into reasoning and answer."""
+        return ReasoningSplitter(self.thinking.open_marker, self.thinking.close_marker,
+                                 inside=self.opens_in_reasoning)
 
 
 def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
@@ -111,19 +120,23 @@ def _prefill_stops(start: int, end: int, interval: int, save_last: bool) -> list
     return sorted(s for s in stops if s > start)
 
 
-def follow_up_prefix(engine: Engine, messages: tuple[ChatMessage, ...], reply: str) -> list[int]:
+def follow_up_prefix(engine: Engine, messages: tuple[ChatMessage, ...], reply: str, *,
+                     reasoning: str = "", variables: Mapping[str, Any] | None = None
+                     ) -> list[int]:
     """The tokens every follow-up to this reply starts with: the conversation as the template
-    renders it with the reply in the history, up to where the next user message's text begins.
+    renders it with the reply (its answer, and its reasoning as `reasoning_content`) in the
+    history, up to where the next user message's text begins.
 
     Found by rendering two follow-ups that differ only in that text; the template's own closing
     and opening tokens ("<|im_end|>\n<|im_start|>user\n") are part of it."""
-    history = [*messages, ChatMessage("assistant", reply)]
-    a = engine.tokens_for([*history, ChatMessage("user", "A")])
-    b = engine.tokens_for([*history, ChatMessage("user", "B")])
+    history = [*messages, ChatMessage("assistant", reply, reasoning)]
+    a = engine.tokens_for([*history, ChatMessage("user", "A")], variables)
+    b = engine.tokens_for([*history, ChatMessage("user", "B")], variables)
     return a[:common_prefix(a, b)]
 
 
-def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int) -> bool:
+def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int, *,
+                   reasoning: str = "") -> bool:
     """Bring the live context to the follow-up boundary so the next turn (and a checkpoint
     saved here) starts exactly where a cold render of the conversation would.
 
@@ -139,7 +152,8 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int)
     Returns True if the context now holds exactly the boundary."""
     model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
     assert model is not None and ctx is not None
-    target = follow_up_prefix(engine, plan.messages, reply)
+    target = follow_up_prefix(engine, plan.messages, reply, reasoning=reasoning,
+                              variables=plan.variables)
     if len(target) >= ctx.n_ctx:
         return False  # no room for the template's closing tokens: the reply filled the context
     live = engine.live_tokens
@@ -187,10 +201,10 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
     """The turn's events. Every path ends in exactly one final event: `TurnDone` (finished,
     cancelled, length or context limit: the reply is kept) or `TurnFailed` (llama.cpp or a bug
     failed mid-turn: the text generated so far is in it, and the context starts cold next time,
-    because its state is unknown)."""
-    text_parts: list[str] = []
+    because its state is unknown). The reply is split into reasoning and answer as it streams."""
+    split = plan.splitter()
     try:
-        yield from _turn_events(engine, plan, text_parts)
+        yield from _turn_events(engine, plan, split)
     except Exception as exc:
         if isinstance(exc, DecodeError):
             log.warning("turn failed: %s", exc)
@@ -201,10 +215,10 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
         if engine.ctx is not None:
             engine.ctx.clear()
         engine.live_tokens.clear()
-        yield TurnFailed(reason, "".join(text_parts))
+        yield TurnFailed(reason, split.answer, split.reasoning)
 
 
-def _turn_events(engine: Engine, plan: TurnPlan, text_parts: list[str]
+def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
                  ) -> Iterator[EngineEvent]:
     model, ctx = engine.model, engine.ctx
     assert model is not None and ctx is not None
@@ -279,10 +293,10 @@ def _turn_events(engine: Engine, plan: TurnPlan, text_parts: list[str]
                     break
                 t_last = now
                 decode_tokens += 1
-                piece = utf8.feed(model.token_bytes(token))
-                if piece:
-                    text_parts.append(piece)
-                yield TokenDelta(piece, token, now)
+                raw = model.token_bytes(token)
+                part = split.feed(utf8.feed(raw), t=now,
+                                  control="" if raw else model.token_text(token))
+                yield TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning)
                 if cancel.is_set():
                     finish = "cancelled"
                     break
@@ -296,15 +310,14 @@ def _turn_events(engine: Engine, plan: TurnPlan, text_parts: list[str]
                 if rc != 0:
                     raise DecodeError(f"llama_decode failed during generation (code {rc})")
                 live.append(token)
-            tail_text = utf8.finish()
-            if tail_text:
-                text_parts.append(tail_text)
+            split.finish(utf8.finish(), t=t_last)  # bytes of an unfinished character: U+FFFD
     t_end = time.perf_counter()
     perf2 = ctx.perf()
     close_s = 0.0
     if t_first is not None and finish != "context":
         t_close = time.perf_counter()
-        closed = close_boundary(engine, plan, "".join(text_parts), decode_tokens)
+        closed = close_boundary(engine, plan, split.answer, decode_tokens,
+                                reasoning=split.reasoning)
         close_s = time.perf_counter() - t_close
         if closed or not model.hybrid:
             yield from save_point()  # the follow-up boundary: where the next turn starts
@@ -323,5 +336,8 @@ def _turn_events(engine: Engine, plan: TurnPlan, text_parts: list[str]
         wall_ms=decode_wall * 1000.0, total_s=t_end - plan.t_start, finish_reason=finish,
         checkpoint={"source": source, "restore_s": round(restore_s, 4), "saved": saved,
                     "close_s": round(close_s, 4)},
+        reasoning_tokens=split.reasoning_tokens,
+        first_answer_s=(split.first_answer_t - plan.t_start)
+        if split.first_answer_t is not None else None,
     )
-    yield TurnDone("".join(text_parts), stats)
+    yield TurnDone(split.answer, stats, split.reasoning)
