@@ -32,12 +32,15 @@ log = logging.getLogger(__name__)
 
 def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[ChatMessage]:
     """The conversation the model sees: the session's system prompt, then every message that
-    has text (failed replies with no text are left out)."""
+    has text (failed replies with no text are left out). A reply's reasoning goes to the
+    template as `reasoning_content`: the template decides where it shows (Qwen3 keeps only the
+    last reply's) and whether at all."""
     out = [ChatMessage("system", system_prompt)] if system_prompt else []
     for m in messages:
-        if m.role == "system" or (m.status == "error" and not m.content):
+        if m.role == "system" or (m.status == "error" and not m.content and not m.reasoning):
             continue
-        out.append(ChatMessage(m.role, m.content))
+        out.append(ChatMessage(m.role, m.content,
+                               m.reasoning if m.role == "assistant" else ""))
     return out
 
 
@@ -54,7 +57,8 @@ class RecordedTurn:
     user: Message
     reply: Message
     flush_s: float = 1.0
-    text: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # the answer so far
+    reasoning: list[str] = field(default_factory=list)  # the reasoning so far
     saved: bool = True
     save_error: str | None = None
     _last_flush: float = field(default_factory=time.monotonic)
@@ -73,23 +77,27 @@ class RecordedTurn:
         if isinstance(event, TokenDelta):
             if event.text:
                 self.text.append(event.text)
+            if event.reasoning:
+                self.reasoning.append(event.reasoning)
             now = time.monotonic()
             if now - self._last_flush >= self.flush_s:
-                self._update(content="".join(self.text))
+                self._update(content="".join(self.text), reasoning="".join(self.reasoning))
                 self._last_flush = now
         elif isinstance(event, TurnDone):
             status = "interrupted" if event.stats.finish_reason == "cancelled" else "complete"
-            self._update(content=event.text, status=status,
+            self._update(content=event.text, reasoning=event.reasoning, status=status,
                          prompt_tokens=event.stats.prompt_tokens,
                          completion_tokens=event.stats.decode_tokens,
                          stats=event.stats.to_json())
         elif isinstance(event, TurnFailed):
-            self._update(content=event.text or "".join(self.text), status="error",
+            self._update(content=event.text or "".join(self.text),
+                         reasoning=event.reasoning or "".join(self.reasoning), status="error",
                          stats={"error": event.reason})
 
     def interrupted(self) -> None:
         """The turn stopped without a final event (Ctrl-C, an exception): keep what streamed."""
-        self._update(content="".join(self.text), status="interrupted")
+        self._update(content="".join(self.text), reasoning="".join(self.reasoning),
+                     status="interrupted")
 
 
 def last_user_message(messages: Sequence[Message]) -> Message | None:

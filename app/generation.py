@@ -20,7 +20,7 @@ from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import (
     EngineWarning, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnFailed, TurnStarted,
 )
-from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.profile_schema import Profile, ReasoningSettings
 from velo_chat.store import Session, SessionStore
 
 from velo_chat.engine.llama_context import usable_cores
@@ -45,6 +45,11 @@ class TurnRequest:
     profile: Profile
     turn_kwargs: dict[str, Any] = field(default_factory=dict)  # benchmarks: ignore_eos, ...
     rewind: bool = False  # regenerate: `text` replaces the last user message and its reply
+    reasoning: ReasoningSettings | None = None  # None: the profile's (the thinking key flips it)
+
+    @property
+    def reasoning_settings(self) -> ReasoningSettings:
+        return self.reasoning or self.profile.reasoning
 
 
 def one_line(exc: BaseException) -> str:
@@ -79,6 +84,7 @@ def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.E
         host.engine, host.profile = engine, profile
         try:
             info = engine.load(on_event, cancel)
+            thinking = engine.thinking_support()
         except Exception as exc:
             _log_load_failure(exc)
             host.close_locked()
@@ -88,7 +94,7 @@ def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.E
             post(ModelLoadFailed(_reason(exc), load_id, previous if restored else None,
                                  restored))
             return
-    post(ModelReady(info, profile, load_id))
+    post(ModelReady(info, profile, load_id, thinking))
 
 
 def _reload_previous(host: EngineHost, previous: Profile, on_event, cancel: threading.Event):
@@ -136,7 +142,8 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
         try:
             started = start_turn(store, engine, session=req.session, profile=req.profile,
                                  text=req.text, rewind=req.rewind,
-                                 sampling=req.profile.sampling, cancel=cancel,
+                                 sampling=req.profile.sampling,
+                                 reasoning=req.reasoning_settings, cancel=cancel,
                                  **req.turn_kwargs)
         except Exception as exc:  # nothing was stored (start_turn writes in one transaction)
             if not isinstance(exc, USER_ERRORS):
@@ -156,8 +163,8 @@ def _pacer(engine) -> StreamPacer:
 
 def _stream(engine, turn, events, post: Post, cancel: threading.Event,
             is_cancelled: Callable[[], bool]) -> None:
-    text = ""
-    n_tokens = 0
+    text = reasoning = ""
+    n_tokens = n_reasoning = 0
     t_first = 0.0
     t_last = float("-inf")
     pacer = _pacer(engine)
@@ -173,9 +180,12 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                 if n_tokens == 1:
                     t_first = event.t
                 text += event.text
+                reasoning += event.reasoning
+                n_reasoning += event.in_reasoning
                 pending, t_last = True, event.t
                 if pacer.due(event.t):
-                    post(TokensStreamed(text, n_tokens, t_first, event.t))
+                    post(TokensStreamed(text, n_tokens, t_first, event.t, reasoning,
+                                        n_reasoning))
                     pacer.posted(event.t)
                     pending = False
             elif isinstance(event, PrefillProgress):
@@ -186,8 +196,10 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                 post(EngineNotice(event.message))
             elif isinstance(event, TurnDone):
                 stats = event.stats
+                text, reasoning = event.text, event.reasoning  # with held-back text flushed
                 if pending:
-                    post(TokensStreamed(text, n_tokens, t_first, t_last))
+                    post(TokensStreamed(text, n_tokens, t_first, t_last, reasoning,
+                                        n_reasoning))
             elif isinstance(event, TurnFailed):
                 failed = event.reason
     except Exception as exc:  # record() already tried to mark the reply interrupted
@@ -197,7 +209,7 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
     # `text` is what the user saw stream: the stored row may lag (flushed once a second) or
     # not be writable at all (a store error).
     post(TurnEnded(turn.reply, stats, failed, text=text, saved=turn.saved,
-                     save_error=turn.save_error))
+                     save_error=turn.save_error, reasoning=reasoning))
 
 
 def _log_preview_failure(host: EngineHost, exc: BaseException) -> None:
@@ -217,7 +229,8 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         if engine is None or not host.loaded:
             return
         try:
-            preview = engine.preview(_conversation(store, req))
+            preview = engine.preview(_conversation(store, req),
+                                     reasoning=req.reasoning_settings)
         except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
             _log_preview_failure(host, exc)
             preview = None

@@ -38,6 +38,8 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("session.new", "ctrl+n", "new_session", "New session", "chat"),
     KeyAction("chat.regenerate", "ctrl+r", "regenerate", "Regenerate the last reply", "chat",
               show=False),
+    KeyAction("chat.toggle_thinking", "ctrl+g", "toggle_thinking",
+              "Thinking on/off for the next turns", "chat", show=False),
     KeyAction("session.switch_profile", "ctrl+o", "switch_profile",
               "Switch this session's profile", "chat", show=False),
     KeyAction("session.rename", "r", "screen.rename_session", "Rename session", "sessions",

@@ -15,6 +15,7 @@ from textual.message import Message
 from velo_chat.engine.engine import ResumePreview
 from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
 from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.thinking import ThinkingSupport
 from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Session
 
@@ -33,6 +34,7 @@ class ModelReady(Message):
     info: ModelLoaded
     profile: Profile  # the profile the engine was built from: now the running one
     load_id: int = 0
+    thinking: ThinkingSupport | None = None  # the model's thinking controls (None: no template)
 
 
 @dataclass
@@ -80,10 +82,12 @@ class PrefillUpdated(Message):
 class TokensStreamed(Message):
     """The reply so far (cumulative, so a newer one supersedes an older one)."""
 
-    text: str
+    text: str  # the answer so far
     n_tokens: int
     t_first: float
     t_last: float
+    reasoning: str = ""  # the reasoning so far
+    n_reasoning: int = 0  # of n_tokens, the reasoning's
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, TokensStreamed)
@@ -102,6 +106,7 @@ class TurnEnded(Message):
     text: str | None = None  # the reply as it streamed (the stored row may lag or be stale)
     saved: bool = True  # False: the store refused the reply; the text is only on screen
     save_error: str | None = None
+    reasoning: str = ""  # the reply's reasoning as it streamed
 
 
 @dataclass

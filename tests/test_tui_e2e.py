@@ -48,9 +48,9 @@ async def test_real_engine_stream_resume_and_reopen(velo_home, smollm2_path, tmp
         panel = screen.query_one(LivePanel)
         original = panel.tokens
 
-        def spy(n_tokens: int, t_first: float, t_last: float) -> None:
+        def spy(n_tokens: int, t_first: float, t_last: float, **kw) -> None:
             streamed.append(n_tokens)
-            original(n_tokens, t_first, t_last)
+            original(n_tokens, t_first, t_last, **kw)
         panel.tokens = spy  # the screen calls the panel once per streamed update
         await turn(pilot, screen, "Name three colours.")
         reply = screen.query_one(Transcript).last_reply()

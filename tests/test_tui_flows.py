@@ -286,11 +286,11 @@ async def test_keymap_rebinds_and_palette_lists_actions(tmp_path):
     from velo_chat.app.settings import AppSettings
 
     app, _ = fake_app(tmp_path)
-    app.settings = AppSettings(keymap={"session.new": "ctrl+g"})
+    app.settings = AppSettings(keymap={"session.new": "f9"})
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "hello")
         assert chat(app).session is not None
-        await pilot.press("ctrl+g")
+        await pilot.press("f9")
         await pilot.pause()
         assert chat(app).session is None
         titles = {c.title for c in app.get_system_commands(chat(app))}

@@ -14,6 +14,7 @@ from velo_chat.app.dialogs.message import MessageDialog
 from velo_chat.app.screens.chat import ChatScreen
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.engine.gguf_file import GGUFError
+from velo_chat.engine.thinking import ThinkingSupport
 
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
@@ -59,6 +60,16 @@ def test_empty_state(snap_compare, tmp_path):
 
 def test_session_with_code_answer(snap_compare, tmp_path):
     app, _ = fake_app(tmp_path, FakeScript(reply=CODE_REPLY))
+    assert snap_compare(app, terminal_size=SIZE, run_before=sender("squares of 0..9 in python"))
+
+
+def test_thinking_reply(snap_compare, tmp_path):
+    """A thinking model's reply: its reasoning collapsed above the answer, the panel's thinking
+    and answer tokens and time to the first answer, and the thinking state on the preview line."""
+    script = FakeScript(reasoning="The user asks for squares. A comprehension is shortest.",
+                        reply=CODE_REPLY,
+                        thinking=ThinkingSupport(switch="enable_thinking", default_on=True))
+    app, _ = fake_app(tmp_path, script)
     assert snap_compare(app, terminal_size=SIZE, run_before=sender("squares of 0..9 in python"))
 
 

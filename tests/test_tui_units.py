@@ -1,4 +1,4 @@
-"""Unit tests of the TUI's pure parts: the decode meter, reasoning/code-block parsing, the
+"""Unit tests of the TUI's pure parts: the decode meter, code-block parsing, the
 keymap catalogue (every binding documented and in the palette), reload decisions, settings."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from velo_chat.app.app import reload_needed
 from velo_chat.app.screens.help import help_text
 from velo_chat.app.settings import load_app_settings
 from velo_chat.app.widgets.telemetry.meter import DecodeMeter
-from velo_chat.app.widgets.transcript.text import code_blocks, split_thinking
+from velo_chat.app.widgets.transcript.text import code_blocks
 from velo_chat.engine.profiles import build_profile
 
 
@@ -22,15 +22,6 @@ def test_meter_samples_windows_of_token_time():
     assert abs(m.average - 100) < 1e-6 and m.peak == m.current == m.samples[-1]
     m.reset()
     assert m.average == 0 and m.samples == []
-
-
-def test_split_thinking_streams_without_half_tags():
-    assert split_thinking("<thi") == split_thinking("")
-    s = split_thinking("<think>\nhmm")
-    assert s.thinking == "hmm" and s.thinking_open and s.answer == ""
-    s = split_thinking("<think>plan</think>\n\nAnswer")
-    assert (s.thinking, s.answer, s.thinking_open) == ("plan", "Answer", False)
-    assert split_thinking("plain").thinking is None
 
 
 def test_code_blocks():

@@ -1,12 +1,16 @@
-"""`velo-chat ask`: one turn in a stored session, streamed to stdout (or one JSON object)."""
+"""`velo-chat ask`: one turn in a stored session, streamed to stdout (or one JSON object).
+
+A thinking model's reasoning streams to stderr and its answer to stdout, so `ask ... > out.md`
+keeps only the answer; `--json` has both (`text` and `reasoning`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 
-from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
+from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
 from velo_chat.store.input_text import clean_text, decode_text
 
 from ..conversation import last_user_message, record, start_turn
@@ -31,6 +35,33 @@ def _read_prompt(raw: str | None) -> tuple[str, str | None]:
     return clean.text, replaced_warning(what, clean)
 
 
+def _stream(events: Iterable[EngineEvent], quiet: bool
+            ) -> tuple[TurnDone | None, TurnFailed | None]:
+    """Print the reply as it streams (unless `quiet`): the reasoning to stderr, the answer to
+    stdout. Returns the final event."""
+    done = failed = None
+    reasoned = False  # reasoning printed on a line not yet ended
+    for event in events:
+        if isinstance(event, TokenDelta) and not quiet:
+            if event.reasoning:
+                reasoned = True
+                sys.stderr.write(event.reasoning)
+                sys.stderr.flush()
+            if event.text:
+                if reasoned:
+                    sys.stderr.write("\n")
+                    reasoned = False
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        elif isinstance(event, TurnDone):
+            done = event
+        elif isinstance(event, TurnFailed):
+            failed = event
+    if reasoned:  # the reply ended in its reasoning
+        sys.stderr.write("\n")
+    return done, failed
+
+
 def run(args: argparse.Namespace) -> int:
     rewind = args.regenerate or args.edit_last
     if rewind and not args.session:
@@ -52,23 +83,15 @@ def run(args: argparse.Namespace) -> int:
             started = start_turn(store, engine, session=session, profile=profile, text=prompt,
                                  rewind=rewind)
             session = started.session
-            done: TurnDone | None = None
-            failed: TurnFailed | None = None
-            for event in record(started.events, started.recorded):
-                if isinstance(event, TokenDelta) and not args.json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                elif isinstance(event, TurnDone):
-                    done = event
-                elif isinstance(event, TurnFailed):
-                    failed = event
+            done, failed = _stream(record(started.events, started.recorded), args.json)
     if failed is not None:
         raise UserError(f"the turn failed: {failed.reason}")
     if done is None:  # the engine's contract says this cannot happen; never a bare assert
         raise RuntimeError("the turn ended without a final event")
     if args.json:
-        print(json.dumps({"text": done.text, "session_id": session.id,
-                          "stats": done.stats.to_json()}, ensure_ascii=False))
+        print(json.dumps({"text": done.text, "reasoning": done.reasoning,
+                          "session_id": session.id, "stats": done.stats.to_json()},
+                         ensure_ascii=False))
     else:
         sys.stdout.write("\n")
     if not started.recorded.saved:  # printed above, so not lost; but say it is not stored

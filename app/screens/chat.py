@@ -8,6 +8,7 @@ handlers below turn those messages into widget calls. Session actions live in `c
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from textual import on, work
@@ -19,7 +20,8 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from velo_chat.engine.events import ModelLoaded
-from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.profile_schema import Profile, ReasoningSettings
+from velo_chat.engine.thinking import ThinkingSupport, requested
 from velo_chat.store import Session
 from velo_chat.store.input_text import BinaryInput, clean_text
 
@@ -59,6 +61,10 @@ class ChatScreen(SessionActions, Screen[None]):
         self._reply: MessageView | None = None
         self._user_view: MessageView | None = None
         self._preview_timer: Timer | None = None
+        self._thinking_support: ThinkingSupport | None = None  # the running model's template
+        # The thinking key's choice (on/off), with the profile's `reasoning.enabled` when it was
+        # pressed: a profile saved with another value since then wins.
+        self._thinking: tuple[str, bool] | None = None
 
     def compose(self) -> ComposeResult:
         app = self.app
@@ -81,7 +87,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self.query_one(LivePanel).set_speculation(self.app.profile.speculation.enabled)
         self.refresh_sessions()
         self._update_header()
-        self.app.profile_changed.subscribe(self, lambda _profile: self._update_header())
+        self.app.profile_changed.subscribe(self, self._profile_changed)
         self._sync_composer()
         self.query_one(Composer).focus()
         if self.app.load_on_start:
@@ -124,6 +130,7 @@ class ChatScreen(SessionActions, Screen[None]):
         if msg.load_id != self._load_id:
             return  # an older load, superseded (its engine was already replaced)
         self._model_info = msg.info
+        self._thinking_support = msg.thinking
         self.model_ready = True
         self._sync_composer()
         self.app.adopt_profile(msg.profile, activate=self._activate_on_ready)
@@ -213,7 +220,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self.query_one(LivePanel).turn_sent()
         self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
         self._generate(TurnRequest(text, self.session, self.app.profile, self.app.turn_kwargs,
-                                   rewind=rewind))
+                                   rewind=rewind, reasoning=self._reasoning()))
 
     @work(thread=True, exclusive=True, group="generation")
     def _generate(self, request: TurnRequest) -> None:
@@ -252,8 +259,9 @@ class ChatScreen(SessionActions, Screen[None]):
 
     async def on_tokens_streamed(self, msg: TokensStreamed) -> None:
         if self._reply is not None:
-            await self._reply.stream_text(msg.text)
-        self.query_one(LivePanel).tokens(msg.n_tokens, msg.t_first, msg.t_last)
+            await self._reply.stream_text(msg.text, msg.reasoning)
+        self.query_one(LivePanel).tokens(msg.n_tokens, msg.t_first, msg.t_last,
+                                         n_reasoning=msg.n_reasoning, answering=bool(msg.text))
 
     def on_engine_notice(self, msg: EngineNotice) -> None:
         self.notify(msg.message, severity="warning")
@@ -265,8 +273,10 @@ class ChatScreen(SessionActions, Screen[None]):
             # or not have been written at all.
             text = msg.text if msg.text is not None else (
                 reply.content if reply else self._reply.text)
+            reasoning = msg.reasoning if msg.text is not None else (
+                reply.reasoning if reply else self._reply.reasoning)
             status = "error" if msg.failed else (reply.status if reply else "interrupted")
-            await self._reply.finish(text, status, reply.id if reply else None)
+            await self._reply.finish(text, status, reply.id if reply else None, reasoning)
         self.query_one(LivePanel).turn_ended(msg.stats)
         self._end_busy()
         if msg.failed:
@@ -315,7 +325,8 @@ class ChatScreen(SessionActions, Screen[None]):
         if not self.model_ready or self.busy:
             return
         draft = self.query_one(Composer).text or " "
-        self._preview(TurnRequest(draft, self.session, self.app.profile))
+        self._preview(TurnRequest(draft, self.session, self.app.profile,
+                                  reasoning=self._reasoning()))
 
     @work(thread=True, exclusive=True, group="preview")
     def _preview(self, request: TurnRequest) -> None:
@@ -330,9 +341,44 @@ class ChatScreen(SessionActions, Screen[None]):
             est = f" ≈ {p.est_prefill_s:.1f} s" if p.est_prefill_s is not None else ""
             line = (f"reuses {p.cached_tokens:,} cached tokens · prefills "
                     f"{p.prefill_tokens:,}{est}")
+        thinks = self._thinks()
+        if thinks is not None:
+            line = f"thinking {'on' if thinks else 'off'}" + (f" · {line}" if line else "")
         self.query_one("#preview-line", Static).update(line)
 
+    # -- thinking -----------------------------------------------------------------------------
+
+    def _reasoning(self) -> ReasoningSettings:
+        """The reasoning settings the next turn runs with: the profile's, with the thinking
+        key's choice while the profile's `reasoning.enabled` is still what it was then."""
+        settings = self.app.profile.reasoning
+        if self._thinking is not None and self._thinking[0] == settings.enabled:
+            return dataclasses.replace(settings, enabled="on" if self._thinking[1] else "off")
+        return settings
+
+    def _thinks(self) -> bool | None:
+        """Whether the next turn thinks (None: the model's template has no thinking switch)."""
+        support = self._thinking_support
+        if support is None or not support.can_switch:
+            return None
+        return support.is_on(requested(self._reasoning())[0])
+
+    def action_toggle_thinking(self) -> None:
+        """Turn thinking on or off for the next turns (not saved in the profile)."""
+        thinks = self._thinks()
+        if thinks is None:
+            self.notify("This model's chat template has no thinking switch.",
+                        severity="warning")
+            return
+        self._thinking = (self.app.profile.reasoning.enabled, not thinks)
+        self.notify(f"Thinking {'off' if thinks else 'on'} from the next turn.", timeout=3)
+        self.request_preview()
+
     # -- layout -------------------------------------------------------------------------------
+
+    def _profile_changed(self, _profile: Profile) -> None:
+        self._update_header()
+        self.request_preview()  # e.g. `reasoning.enabled` changed: the line says it
 
     def _update_header(self) -> None:
         profile = self.app.profile.name

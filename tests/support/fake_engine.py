@@ -16,6 +16,7 @@ from velo_chat.engine.llama_model import LoadCancelled
 from velo_chat.engine.events import (
     ModelLoaded, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnStarted, TurnStats,
 )
+from velo_chat.engine.thinking import ThinkingSupport, requested
 
 
 @dataclass
@@ -38,6 +39,8 @@ def _pieces(text: str, size: int = 3) -> list[str]:
 @dataclass
 class FakeScript:
     reply: str = "Hello! Here is **bold** text."
+    reasoning: str = ""  # streamed before the reply, as reasoning, when the turn thinks
+    thinking: ThinkingSupport | None = None  # what `thinking_support()` reports
     prompt_limit: int = 4096
     load_error: Exception | None = None
     check_errors: dict[str, Exception] = field(default_factory=dict)  # by profile name
@@ -62,6 +65,7 @@ class FakeEngine:
         self.ctx: FakeCtx | None = None
         self.live = 0
         self.turns: list[list] = []
+        self.reasoning: list = []  # the reasoning settings of each turn
         self.closed = False
 
     def check(self) -> None:
@@ -89,14 +93,18 @@ class FakeEngine:
     def _count(self, messages) -> int:
         return sum(4 + len(m.content) // 4 for m in messages)
 
-    def preview(self, messages) -> ResumePreview:
+    def thinking_support(self) -> ThinkingSupport | None:
+        return self.script.thinking
+
+    def preview(self, messages, *, reasoning=None) -> ResumePreview:
         if self.script.preview_error is not None:
             raise self.script.preview_error
         n = self._count(messages)
         cached = min(self.live, n - 1)
         return ResumePreview(n, cached, n - cached, "live" if cached else "none", 0.1)
 
-    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, **kw):
+    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, reasoning=None,
+             **kw):
         n = self._count(messages)
         if n > self.script.prompt_limit:
             raise PromptTooLong(f"the conversation is {n:,} tokens but the context holds "
@@ -104,14 +112,17 @@ class FakeEngine:
         if self.script.turn_error is not None:
             raise self.script.turn_error
         self.turns.append(list(messages))
-        return self._run(n, cancel or threading.Event())
+        self.reasoning.append(reasoning)
+        enabled = requested(reasoning)[0] if reasoning is not None else None
+        thinks = bool(self.script.reasoning) and enabled is not False
+        return self._run(n, cancel or threading.Event(), thinks)
 
     def _wait(self, cancel: threading.Event) -> None:
         while not self.script.gate.wait(0.01):
             if cancel.is_set():
                 return
 
-    def _run(self, n: int, cancel: threading.Event):
+    def _run(self, n: int, cancel: threading.Event, thinks: bool = False):
         s = self.script
         cached = min(self.live, n - 1)
         tail = n - cached
@@ -125,12 +136,20 @@ class FakeEngine:
             if cancel.is_set() and done < tail:
                 finish = "cancelled"
                 break
-        text = ""
-        count = 0
+        text = reasoning = ""
+        count = n_reasoning = 0
+        pieces = [(p, True) for p in _pieces(s.reasoning)] if thinks else []
+        pieces += [(p, False) for p in _pieces(s.reply)]
         if finish != "cancelled":
-            for count, piece in enumerate(_pieces(s.reply), start=1):
-                text += piece
-                yield TokenDelta(piece, count, s.t0 + count * s.dt)
+            for count, (piece, in_reasoning) in enumerate(pieces, start=1):
+                t = s.t0 + count * s.dt
+                if in_reasoning:
+                    reasoning += piece
+                    n_reasoning += 1
+                    yield TokenDelta("", count, t, piece, True)
+                else:
+                    text += piece
+                    yield TokenDelta(piece, count, t)
                 if s.pause_after is not None and count == s.pause_after:
                     self._wait(cancel)
                 if s.crash_after is not None and count == s.crash_after:
@@ -145,7 +164,9 @@ class FakeEngine:
             prefill_s=tail / 1000, prefill_tok_s=1000.0, decode_tokens=count,
             decode_s=(count - 1) * s.dt, decode_tok_s=rate if count > 1 else 0.0,
             graphs_reused=max(0, count - 2), llama_eval_ms=1.0, llama_prompt_eval_ms=1.0,
-            wall_ms=1.0, total_s=0.5, finish_reason=finish))
+            wall_ms=1.0, total_s=0.5, finish_reason=finish, reasoning_tokens=n_reasoning,
+            first_answer_s=0.05 + n_reasoning * s.dt if count > n_reasoning else None),
+            reasoning)
 
     def close(self) -> None:
         self.closed = True

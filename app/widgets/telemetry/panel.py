@@ -1,6 +1,7 @@
 """The live panel: decode speed (sparkline, current/average/peak), TTFT, prefill progress,
 cached vs prefilled tokens and where the state came from, context fill, graph reuse, speculation,
-and process memory.
+and process memory. When the model thinks: its thinking and answer tokens apart, and the time
+to the first answer token under the TTFT (shown only for a reply that had reasoning).
 
 The chat screen calls its methods (calls go down); it never talks to the engine. Its `clock`
 (for the live TTFT while waiting) and `memory_probe` are injectable so snapshots are
@@ -46,6 +47,8 @@ class LivePanel(Vertical):
         self.meter = DecodeMeter()
         self.sent_at: float | None = None
         self.ttft: float | None = None
+        self.first_answer: float | None = None  # seconds from sending to the first answer text
+        self.n_reasoning = 0  # of the reply's tokens, the reasoning's
         self.n_ctx = 0
         self.context_line = "no turn yet"
         self.fill_tokens = 0
@@ -59,6 +62,7 @@ class LivePanel(Vertical):
         yield Static("Decode tok/s", classes="panel-title")
         yield Sparkline([], id="panel-spark")
         yield Static("", id="panel-decode")
+        yield Static("", id="panel-thinking")
         yield Static("", id="panel-ttft")
         with Vertical(id="panel-prefill"):
             yield Static("Prefill", classes="panel-title")
@@ -106,6 +110,7 @@ class LivePanel(Vertical):
     def turn_sent(self) -> None:
         self.meter.reset()
         self.sent_at, self.ttft = self.clock(), None
+        self.first_answer, self.n_reasoning = None, 0
         self.query_one("#panel-spark", Sparkline).data = []
         self._render_decode()
 
@@ -125,10 +130,16 @@ class LivePanel(Vertical):
         self.query_one("#panel-prefill-stats", Static).update(
             f"{p.done:,}/{p.total:,} · {_rate(p.tok_s)} tok/s\nETA {p.eta_s:.1f} s")
 
-    def tokens(self, n_tokens: int, t_first: float, t_last: float) -> None:
+    def tokens(self, n_tokens: int, t_first: float, t_last: float, *, n_reasoning: int = 0,
+               answering: bool = False) -> None:
+        """The reply so far: `n_tokens` sampled, `n_reasoning` of them reasoning; `answering`:
+        answer text has appeared."""
         self.query_one("#panel-prefill").display = False
         if self.ttft is None and self.sent_at is not None:
             self.ttft = max(0.0, self.clock() - self.sent_at)
+        self.n_reasoning = n_reasoning
+        if answering and self.first_answer is None and self.sent_at is not None:
+            self.first_answer = max(0.0, self.clock() - self.sent_at)
         before = len(self.meter.samples)
         self.meter.update(n_tokens, t_first, t_last)
         if len(self.meter.samples) != before:
@@ -139,6 +150,7 @@ class LivePanel(Vertical):
         self.query_one("#panel-prefill").display = False
         if stats is not None:
             self.ttft = stats.ttft_s
+            self.n_reasoning, self.first_answer = stats.reasoning_tokens, stats.first_answer_s
             self.graphs = f"{stats.graphs_reused:,}"
             self.fill_tokens = stats.prompt_tokens + stats.decode_tokens
             self._render_decode(final=stats.decode_tok_s)
@@ -154,6 +166,13 @@ class LivePanel(Vertical):
             f"now [b]{_rate(m.current)}[/b] avg {_rate(avg)}\npeak {_rate(m.peak)} "
             f"· {m.n_tokens:,} tok")
         ttft = "—" if self.ttft is None else f"{self.ttft:.2f} s"
+        thinking = self.query_one("#panel-thinking", Static)
+        thinking.display = self.n_reasoning > 0
+        if self.n_reasoning:
+            answer = "—" if self.first_answer is None else f"{self.first_answer:.2f} s"
+            thinking.update(f"thinking {self.n_reasoning:,} · answer "
+                            f"{max(0, m.n_tokens - self.n_reasoning):,} tok")
+            ttft += f"\nfirst answer {answer}"
         self.query_one("#panel-ttft", Static).update(f"TTFT {ttft}")
 
     def _render_context(self) -> None:
