@@ -233,13 +233,13 @@ class ReasoningSplitter:
 
     def feed(self, text: str, *, control: str = "", t: float | None = None) -> Piece:
         """One sampled token: `text` is what it reads as, `control` the text of a control token
-        (which reads as nothing) so a marker that is a control token is still recognised."""
+        (which reads as nothing), so a marker that is, or begins with, a control token is still
+        recognised (Command A's `<|START_THINKING|>`, Gemma 4's `<|channel>` + `thought`)."""
         before, had = self._state, self.had_reasoning
-        if control and not text:
-            if before == _START and control == self.open_marker:
-                text = self.open_marker
-            elif before == _REASONING and control == self.close_marker:
-                text = self.close_marker
+        if control and not text:  # a control token that is (part of) the marker due next
+            if (before == _START and control in self.open_marker) or (
+                    before == _REASONING and control in self.close_marker):
+                text = control
         reasoning, answer = self._take(text)
         if self._state == _START:
             self._pending += 1  # counted once the start is decided

@@ -155,3 +155,10 @@ def test_a_marker_that_is_a_control_token_still_splits():
     s.feed("because")
     s.finish()
     assert (s.reasoning, s.answer, s.reasoning_tokens) == ("why", "because", 3)
+    # Gemma 4: the opening marker is a control token and then text
+    s = ReasoningSplitter("<|channel>thought", "<channel|>")
+    for text, control in (("", "<|channel>"), ("thought", ""), ("\nwhy", ""),
+                          ("", "<channel|>"), ("because", ""), ("", "<channel|>")):
+        s.feed(text, control=control)
+    s.finish()
+    assert (s.reasoning, s.answer, s.reasoning_tokens) == ("why", "because", 4)
