@@ -3,7 +3,7 @@
 The app owns the long-lived things (the session store, the engine host, the active profile,
 app settings) and hands screens what they need; it holds no conversation state itself. Every
 source of variation between runs is injectable (engine factory, clocks, memory probe, cursor
-blink, loading the model at start) so snapshot tests are deterministic (CONVENTIONS.md).
+blink, loading the model at start) so snapshot tests are deterministic.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`velo-chat`: the command line. With no command it opens the TUI.
 
-Exit codes (DESIGN.md): 0 ok, 2 a user error (one line on stderr, no traceback), 1 a bug,
+Exit codes (README.md): 0 ok, 2 a user error (one line on stderr, no traceback), 1 a bug,
 130 interrupted by Ctrl-C. Commands live in `app/commands/`; this module parses and dispatches.
 """
 

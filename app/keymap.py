@@ -2,7 +2,7 @@
 all read it, so a key is documented and reachable from the palette by construction.
 
 Each entry has a stable binding id (`session.new`); the user's `keymap` table in settings.toml
-maps ids to other keys and the app applies it with `App.set_keymap` (CONVENTIONS.md #13).
+maps ids to other keys and the app applies it with `App.set_keymap`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Messages the generation worker posts to the chat screen (shared by the screen and its panel).
 
-The worker never touches a widget (CONVENTIONS.md #6): it turns engine events into these. The
-high-rate ones (`TokensStreamed`, `PrefillUpdated`, `ModelLoadProgress`) carry cumulative state
-and define `can_replace`, so when the UI falls behind, Textual's queue keeps only the newest
-(CONVENTIONS.md #5) and a 200 tok/s stream never floods the queue.
+The worker never touches a widget (docs/architecture.md, "Code conventions"): it turns engine
+events into these. The high-rate ones (`TokensStreamed`, `PrefillUpdated`,
+`ModelLoadProgress`) carry cumulative state and define `can_replace`, so when the UI falls
+behind, Textual's queue keeps only the newest and a 200 tok/s stream never floods the queue.
 """
 
 from __future__ import annotations

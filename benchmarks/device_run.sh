@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device-machine call for issue 5: GPU tests of the PLE kernels, then the benchmark.
+# One device-machine call for the PLE kernels: GPU tests of the PLE kernels, then the benchmark.
 # Run from the repo root on the CUDA machine; logs and JSON go to $OUT (or ./device_out).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"

@@ -6,7 +6,7 @@ a disk checkpoint — prefills the rest one ubatch at a time and decodes token b
 (`turn_runner.py`). Everything it has to say comes out as events (`events.py`); it never prints
 and never imports the UI.
 
-Prefix reuse follows the memory type (DESIGN.md): an attention-only model may truncate its live
+Prefix reuse follows the memory type (docs/architecture.md): an attention-only model may truncate its live
 sequence (or a restored checkpoint) to the common prefix with `seq_rm`; a hybrid/recurrent one
 may only continue exactly from a state saved after a prefix of the new tokens.
 """

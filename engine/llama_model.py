@@ -1,7 +1,7 @@
 """A loaded GGUF model behind a small wrapper over llama.cpp's C API.
 
 Why not llama-cpp-python's `Llama` class: it never reuses a prefix on hybrid models, pickles its
-disk cache and dup2s the process's stdout/stderr when quiet (DESIGN.md). This wrapper only owns
+disk cache and dup2s the process's stdout/stderr when quiet (docs/architecture.md). This wrapper only owns
 the `llama_model*` and its vocabulary: tokenize, detokenize one token, end-of-generation checks,
 the chat template and a fingerprint. Contexts are in `llama_context.py`.
 

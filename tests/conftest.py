@@ -1,6 +1,6 @@
 """Shared fixtures: the real SmolLM2 GGUF, an isolated VELO_CHAT_HOME, a loaded engine.
 
-Engine tests use real llama.cpp on real models (CONVENTIONS.md): the embedded SmolLM2-135M is
+Engine tests use real llama.cpp on real models: the embedded SmolLM2-135M is
 fetched once into the user's data dir by `make test`'s bootstrap (or here, if missing), and each
 test gets its own VELO_CHAT_HOME with the model linked in, so nothing a test writes leaks out.
 """

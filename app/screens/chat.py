@@ -2,7 +2,7 @@
 
 It owns the conversation state (the active session, whether a turn runs) and is the only place
 that starts engine work: the generation worker (`_generate`, `_load`) and the preview worker run
-`app/generation.py` functions in threads and only post messages back (CONVENTIONS.md #6); the
+`app/generation.py` functions in threads and only post messages back; the
 handlers below turn those messages into widget calls. Session actions live in `chat_sessions.py`.
 """
 

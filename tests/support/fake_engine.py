@@ -1,4 +1,4 @@
-"""A scripted stand-in for `Engine`, for TUI layout and flow tests only (CONVENTIONS.md: every
+"""A scripted stand-in for `Engine`, for TUI layout and flow tests only (docs/architecture.md: every
 engine behaviour is tested on a real model; this only feeds the UI deterministic events).
 
 Token timestamps come from a fake clock (`t0 + i * dt`), so the live panel's numbers are fixed.

@@ -1,7 +1,7 @@
 """Contents of the tiny model's PLE table (`per_layer_token_embd.weight`), in five ggml types.
 
 Why the table is built block by block instead of quantizing float data: the PLE gather tests
-(issue 5) compare llama.cpp's `get_rows` result with a reference bit for bit, so the test must
+compare llama.cpp's `get_rows` result with a reference bit for bit, so the test must
 know the *exact* dequantized value of every element. For Q8_0 and IQ4_NL we therefore draw the
 quantized representation directly (a per-block f16 scale `d` and the integer codes) and derive
 the float values from it with ggml's formulas (`q * d` and `d * kvalues_iq4nl[code]`, both a

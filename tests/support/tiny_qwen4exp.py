@@ -9,7 +9,7 @@ Shape: 4 layers, layers 0-2 gated delta net (GDN, recurrent) and layer 3 QSA att
 layer, 2 hyper-connection streams, the PLE n-gram hash table on layer 0, n_embd 64, SmolLM2's
 tokenizer trimmed to 8,192 ids. About 4 MB; ~2,500 tok/s greedy on one CPU thread.
 
-Choices that are not arbitrary (see ../shared/reference/tiny-qwen4exp-facts.md):
+Choices that are not arbitrary:
 - The PyPI `gguf` package does not know qwen4exp, so keys are written by name. The three PLE
   hash arrays (`ple.layer_multipliers`, `ple.head_offsets`, `ple.head_vocab_sizes`) must be
   UINT64 arrays: llama.cpp refuses u32 ones ("wrong array element type").

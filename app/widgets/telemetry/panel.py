@@ -5,7 +5,7 @@ to the first answer token under the TTFT (shown only for a reply that had reason
 
 The chat screen calls its methods (calls go down); it never talks to the engine. Its `clock`
 (for the live TTFT while waiting) and `memory_probe` are injectable so snapshots are
-deterministic (CONVENTIONS.md #8). Decode rates come from token timestamps (`DecodeMeter`).
+deterministic. Decode rates come from token timestamps (`DecodeMeter`).
 """
 
 from __future__ import annotations

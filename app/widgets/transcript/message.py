@@ -1,5 +1,5 @@
 """One message in the transcript: a header line, an optional collapsed reasoning block and the
-answer as Markdown, streamed incrementally (CONVENTIONS.md #7).
+answer as Markdown, streamed incrementally.
 
 A reply's reasoning and answer arrive apart (the engine splits them, the store keeps them apart).
 While streaming, `stream_text(answer_so_far, reasoning_so_far)` writes only the new suffix of each
