@@ -1,8 +1,8 @@
 """Render a conversation with the model's own chat template (Jinja, from GGUF metadata).
 
-Templates are written for HuggingFace's `apply_chat_template`, so the environment mirrors it:
-a sandbox, `trim_blocks`/`lstrip_blocks`, `raise_exception`, `strftime_now`, and the `bos_token`
-/ `eos_token` strings. The renderer is compiled once per model.
+Templates are written for HuggingFace's `apply_chat_template`, so the environment is HF's
+(`template_env.py`: its sandbox, extensions, filters and globals, the variables it renders with)
+plus the `bos_token` / `eos_token` strings. The renderer is compiled once per model.
 
 `segments()` is what the engine tokenizes: the rendering cut into the template's own text and
 each message's text, so message text never becomes control tokens (`prompt_segments.py`).
@@ -10,7 +10,6 @@ each message's text, so message text never becomes control tokens (`prompt_segme
 
 from __future__ import annotations
 
-import datetime
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ from typing import Any
 
 import jinja2
 from jinja2 import nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from . import template_env
 from .prompt_segments import PromptSplitter, Segment
 from .thinking import ThinkingSupport, inspect_template
 
@@ -39,10 +38,6 @@ class ChatMessage:
 
 def _raise(message: str) -> None:
     raise ChatTemplateError(f"chat template: {message}")
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(fmt)
 
 
 def _split_separators(env: jinja2.Environment, source: str) -> list[str]:
@@ -67,12 +62,11 @@ class ChatTemplate:
                 f"{model_name} has no chat template in its GGUF metadata "
                 "(tokenizer.chat_template); velo-chat needs one to format a conversation"
             )
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            loader=jinja2.BaseLoader())
+        env = template_env.environment()
         env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(source)
+            self._inputs = template_env.inputs(env, source)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"{model_name}: cannot parse its chat template: {exc}") from None
         self.bos_token = bos_token
@@ -102,7 +96,7 @@ class ChatTemplate:
                 add_generation_prompt: bool, variables: Mapping[str, Any] | None) -> str:
         try:
             return self._template.render(
-                **(variables or {}),
+                **{**self._defaults(), **(variables or {})},
                 messages=_message_dicts(messages, texts),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -110,8 +104,23 @@ class ChatTemplate:
             )
         except ChatTemplateError:
             raise
-        except jinja2.TemplateError as exc:
+        except Exception as exc:  # a template can fail in any way (TypeError, ...)
             raise ChatTemplateError(f"chat template failed to render: {exc}") from None
+
+    def _defaults(self) -> dict[str, Any]:
+        """The variables every rendering gets unless told otherwise (`template_env.py`)."""
+        out = template_env.defaults(self._inputs)
+        if self._needs_tool_list:
+            out["tools"] = []
+        return out
+
+    @functools.cached_property
+    def _needs_tool_list(self) -> bool:
+        probe = [{"role": "user", "content": "Hi"}]
+        base = template_env.defaults(self._inputs)
+        return template_env.needs_tool_list(lambda v: self._template.render(
+            **{**base, **v}, messages=probe, add_generation_prompt=True,
+            bos_token=self.bos_token, eos_token=self.eos_token))
 
     @functools.cached_property
     def thinking(self) -> ThinkingSupport:
