@@ -1,10 +1,17 @@
 """One turn, as a generator of events: start from the best prefix, prefill, decode, save.
 
 Save points (when checkpoints are on): every `interval_tokens` absolute positions inside a long
-prefill, the end of the prefill *minus its last token* (a restored state carries no logits, so a
-regenerate restores there and decodes that one token to get them), and the end of the reply.
-The last prompt token is therefore always decoded on its own, cold or restored alike, so both
-paths run the same arithmetic.
+prefill; the state before the reply, at the end of the prefill *minus its last token* (a restored
+state carries no logits, so a regenerate restores there and decodes that one token to get them);
+and the follow-up boundary after the reply. The last prompt token is therefore always decoded on
+its own, cold or restored alike, so both paths run the same arithmetic.
+
+On a hybrid model the state before the reply is saved earlier when the conversation's next turn
+will not keep the whole prompt (`save_points.py`: thinking templates rewrite the reply and drop
+the generation prompt's `<think>`): where every continuation still agrees with it. The end of the
+prompt minus one is then saved as well only when it is more than `RESTORE_MIN_GAIN` tokens
+further; otherwise a regenerate restores the earlier state and prefills those few tokens in the
+same batch a cold run does.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from .chat_template import ChatMessage
 from .llama_context import DecodeError
 from .profile_schema import SamplingSettings
 from .sampling import Sampler
+from .save_points import stable_prefix
 from .thinking import ReasoningSplitter, ThinkingSupport
 
 if TYPE_CHECKING:
@@ -109,11 +117,21 @@ def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
     return n, source, 0.0
 
 
-def _prefill_stops(start: int, end: int, interval: int, save_last: bool) -> list[int]:
-    """Positions where the prefill pauses to save a checkpoint (the last one is `end`)."""
+def _prefill_stops(start: int, end: int, interval: int, save_last: bool,
+                   stable: int | None = None) -> list[int]:
+    """Positions where the prefill pauses to save a checkpoint (the last one is `end`).
+    `stable`: how much of the prompt every continuation keeps (hybrid models, `save_points.py`);
+    when that is less than `end - 1`, the state before the reply is saved there."""
+    from .engine import RESTORE_MIN_GAIN  # late: engine imports this module
+
     stops: set[int] = {end}
     if save_last and end - 1 > start:
-        stops.add(end - 1)
+        if stable is not None and start < stable < end - 1:
+            stops.add(stable)
+            if end - 1 - stable > RESTORE_MIN_GAIN:
+                stops.add(end - 1)
+        else:
+            stops.add(end - 1)
     if interval > 0:
         first = (start // interval + 1) * interval
         stops.update(range(first, end - 1, interval))
@@ -251,7 +269,9 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
     # -- prefill, one ubatch per llama_decode, pausing at the save points
     interval = ck.settings.interval_tokens if ck else 0
     save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
-    stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last)
+    stable = stable_prefix(lambda m: engine.tokens_for(m, plan.variables), plan.messages,
+                           tokens) if save_last and ck.exact else None
+    stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last, stable=stable)
     pos = cached
     for stop in stops:
         while pos < stop:

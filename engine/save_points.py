@@ -1,0 +1,53 @@
+"""Where a turn's prefill saves the state that later turns can resume from.
+
+A hybrid model (recurrent layers) resumes only from a state saved after an exact prefix of the
+new prompt. The state at the end of this turn's prompt is such a prefix for a regenerate, but
+often not for a follow-up: thinking-model templates rewrite the reply once the conversation moves
+on. Qwen3.5 opens the reply with `<think>\\n` in the generation prompt and shows earlier replies
+without their reasoning; QwQ, DeepSeek-R1 and GLM drop the reasoning of earlier replies too. The
+follow-up's tokens then leave this turn's prompt a few tokens before its end, and a checkpoint
+saved at the end of the prompt lies past that point: nothing of the conversation is reused.
+
+`stable_prefix` finds, before the prefill, how much of this turn's prompt every continuation of
+the conversation keeps: it renders the conversation followed by a placeholder reply and a
+placeholder next question (a reply with and one without reasoning) and takes the common prefix
+with this turn's tokens. The generation prompt and whatever the template rewrites later fall
+outside it. The prefill saves the state there; after the reply, `close_boundary` restores it and
+prefills the reply as the next turn will render it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from .chat_template import ChatMessage, ChatTemplateError
+
+log = logging.getLogger(__name__)
+
+TokensFor = Callable[[list[ChatMessage]], list[int]]
+
+PLACEHOLDER_REPLIES = ("A", "<think>\nB\n</think>\n\nC")
+"""Replies the continuations are rendered with: a plain answer, and one with its reasoning
+inline (a template that treats a reply with reasoning differently shows it here)."""
+PLACEHOLDER_QUESTION = "D"
+
+
+def stable_prefix(tokens_for: TokensFor, messages: Sequence[ChatMessage],
+                  tokens: Sequence[int]) -> int:
+    """The number of leading tokens of `tokens` (this turn's prompt for `messages`) that the
+    conversation keeps whatever the reply and the next question are. 0 when a continuation
+    cannot be rendered (a template that refuses our placeholder messages)."""
+    from .turn_runner import common_prefix  # numpy-fast; imported late (turn_runner imports us)
+
+    n = len(tokens)
+    for reply in PLACEHOLDER_REPLIES:
+        convo = [*messages, ChatMessage("assistant", reply),
+                 ChatMessage("user", PLACEHOLDER_QUESTION)]
+        try:
+            after = tokens_for(convo)
+        except ChatTemplateError as exc:
+            log.debug("no stable prefix: a continuation does not render (%s)", exc)
+            return 0
+        n = min(n, common_prefix(tokens, after))
+    return n
