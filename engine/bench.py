@@ -12,11 +12,14 @@ import dataclasses
 import logging
 import platform
 import statistics
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .chat_template import ChatMessage
+from . import bench_session
 from .bench_resume import run_resume_bench
 from .engine import Engine
 
@@ -103,8 +106,13 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
     }
     engine.reset()
     if resume_tokens > 0:
-        note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
-        result.sections["resume"] = run_resume_bench(engine, tokens=resume_tokens)
+        with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:
+            note(f"resume: a 3-turn session of {resume_tokens} tokens, warm and cold")
+            session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens)
+            note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
+            result.sections["resume"] = run_resume_bench(engine, tokens=resume_tokens)
+            note("resume: the session's last follow-up from disk in a fresh process")
+            result.sections["resume_session"] = bench_session.probe(session)
     return result
 
 
@@ -138,4 +146,7 @@ def format_table(result: BenchResult) -> str:
             f"          disk/warm {r['disk_over_warm']:.2f}x   cold/disk {r['cold_over_disk']:.1f}x"
             f"   checkpoint file/state {r['file_over_state']:.4f}",
         ]
+    s = result.sections.get("resume_session")
+    if s:
+        lines += bench_session.format_lines(s)
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """A fresh process for the resume benchmark: load the engine, run one turn, print its stats.
 
-stdin: {"profile_toml": ..., "messages": [{"role", "content"}, ...]};
+stdin: {"profile_toml": ..., "messages": [{"role", "content", "reasoning_content"?}, ...]};
 argv: checkpoint root, model path. stdout: the turn's stats as JSON (`TurnStats.to_json`).
 """
 
@@ -22,7 +22,8 @@ def main(argv: list[str]) -> int:
     request = json.loads(sys.stdin.read())
     data = tomllib.loads(request["profile_toml"])
     profile = build_profile("bench-resume", data)
-    messages = [ChatMessage(m["role"], m["content"]) for m in request["messages"]]
+    messages = [ChatMessage(m["role"], m["content"], m.get("reasoning_content", ""))
+                for m in request["messages"]]
     with Engine(profile, model_path=model_path, checkpoint_root=root) as engine:
         engine.load()
         for event in engine.turn(messages, max_tokens=1):

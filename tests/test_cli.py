@@ -210,7 +210,7 @@ def test_profiles_and_print_config(velo_home):
 
 def test_bench_json_reports_every_number(velo_home):
     proc = run_cli("bench", "--json", "--prefill-sizes", "64,128", "--decode-tokens", "16",
-                   "--repeats", "1")
+                   "--repeats", "1", "--resume-tokens", "1024")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert [row["tokens"] > 0 for row in data["prefill"]] == [True, True]
@@ -218,3 +218,6 @@ def test_bench_json_reports_every_number(velo_home):
     d = data["decode"]
     assert d["tokens"] == 16 and d["tok_s"] > 0 and d["overhead"] >= 0.9
     assert d["llama_eval_ms"] > 0 and d["wall_ms"] > 0
+    s = data["sections"]["resume_session"]
+    assert s["turns"] == 3 and s["disk_source"] == "disk" and s["history_reused"] >= 0.95
+    assert 0 < s["disk_cached_tokens"] <= s["history_tokens"] < s["conversation_tokens"]
