@@ -10,15 +10,22 @@ reply is all answer. The splitter is fed the real tokenizer's pieces.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
+from velo_chat.app.conversation import engine_messages, record, start_turn
 from velo_chat.engine.chat_template import ChatMessage, ChatTemplate
 from velo_chat.engine.engine import Engine
+from velo_chat.engine.events import TokenDelta, TurnDone, TurnStarted
 from velo_chat.engine.profile_schema import ReasoningSettings
 from velo_chat.engine.thinking import ReasoningSplitter, requested
+from velo_chat.store import SessionStore
 
+from tests.support.engine_helpers import run_cli, test_profile
+from tests.support.gguf_template import with_chat_template
 from tests.support.llama_templates import read_template
 from tests import test_untrusted_text
 
@@ -162,3 +169,87 @@ def test_a_marker_that_is_a_control_token_still_splits():
         s.feed(text, control=control)
     s.finish()
     assert (s.reasoning, s.answer, s.reasoning_tokens) == ("why", "because", 4)
+
+
+# -- turns on a real model ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def qwen35_model(qwen_path, llama_templates, tmp_path_factory) -> Path:
+    """The tiny hybrid qwen4exp with the real Qwen3.5 template."""
+    return with_chat_template(qwen_path, read_template(llama_templates, "Qwen3.5-4B"),
+                              tmp_path_factory.mktemp("qwen35") / "qwen35.gguf")
+
+
+def turn(engine: Engine, messages: list[ChatMessage], **kw) -> list:
+    events = list(engine.turn(messages, max_tokens=12, **kw))
+    assert isinstance(events[-1], TurnDone), events[-1]
+    return events
+
+
+QUESTION = [ChatMessage("user", "Why is the sky blue?")]
+
+
+def test_a_turn_splits_reasoning_and_answer_and_counts_both(qwen35_model, tmp_path):
+    with Engine(test_profile(qwen35_model), checkpoint_root=tmp_path / "ckpt") as engine:
+        engine.load()
+        assert engine.thinking_support().default_on is True
+        # thinking (the template's default): the generation prompt opened the block
+        events = turn(engine, QUESTION)
+        done, deltas = events[-1], [e for e in events if isinstance(e, TokenDelta)]
+        assert done.text == "" and done.reasoning
+        assert all(d.in_reasoning and d.text == "" for d in deltas)
+        assert done.reasoning == "".join(d.reasoning for d in deltas).strip("\n")
+        stats = done.stats
+        assert stats.reasoning_tokens == stats.decode_tokens == 12
+        assert stats.answer_tokens == 0 and stats.first_answer_s is None
+        assert stats.to_json()["reasoning_tokens"] == 12
+
+        # thinking off: the template closes the block, the reply is all answer
+        engine.reset()
+        preview = engine.preview(QUESTION, reasoning=OFF)
+        events = turn(engine, QUESTION, reasoning=OFF)
+        started, done = events[0], events[-1]
+        assert isinstance(started, TurnStarted)
+        assert preview.prompt_tokens == started.prompt_tokens  # the preview renders the same
+        assert preview.prompt_tokens > engine.preview(QUESTION).prompt_tokens  # "</think>\n\n"
+        assert done.reasoning == "" and done.text
+        assert done.text == "".join(e.text for e in events if isinstance(e, TokenDelta))
+        assert done.stats.reasoning_tokens == 0 and done.stats.answer_tokens == 12
+        assert 0 < done.stats.first_answer_s and done.stats.ttft_s <= done.stats.first_answer_s
+
+
+def test_reasoning_is_stored_apart_and_the_follow_up_matches_cold(qwen35_model, tmp_path):
+    """Turn 1 thinks and is stored (answer and reasoning apart); the follow-up, built from the
+    store and resumed from the engine's state, is token for token what a cold engine says."""
+    profile = test_profile(qwen35_model, context={"n_batch": 1, "n_ubatch": 1},
+                           checkpoints={"interval_tokens": 0})
+    with SessionStore(tmp_path / "sessions.db") as store, \
+            Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
+        engine.load()
+        first = start_turn(store, engine, session=None, profile=profile,
+                           text=QUESTION[0].content, max_tokens=12)
+        done = [e for e in record(first.events, first.recorded)][-1]
+        reply = store.messages(first.session.id)[-1]
+        assert (reply.content, reply.reasoning) == (done.text, done.reasoning)
+        assert reply.reasoning and reply.stats["reasoning_tokens"] == 12
+        history = engine_messages("", store.messages(first.session.id))
+        assert history[-1] == ChatMessage("assistant", done.text, done.reasoning)
+        follow_up = [*history, ChatMessage("user", "And at sunset?")]
+        warm = turn(engine, follow_up)[-1]
+        assert warm.stats.cached_tokens > 0
+    with Engine(dataclasses.replace(profile, checkpoints=dataclasses.replace(
+            profile.checkpoints, enabled=False))) as cold_engine:
+        cold_engine.load()
+        cold = turn(cold_engine, follow_up)[-1]
+    assert (warm.text, warm.reasoning) == (cold.text, cold.reasoning)
+
+
+def test_ask_prints_the_answer_on_stdout_and_the_reasoning_on_stderr(qwen35_model, velo_home):
+    out = run_cli("ask", "--model", str(qwen35_model), "--max-tokens", "8", "--json", "Hi")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["text"] == "" and doc["reasoning"]
+    assert doc["stats"]["reasoning_tokens"] == 8 and doc["stats"]["answer_tokens"] == 0
+    plain = run_cli("ask", "--model", str(qwen35_model), "--max-tokens", "8", "Hi")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == "\n" and doc["reasoning"] in plain.stderr
