@@ -115,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--resume-tokens", type=_positive, default=7680, metavar="N",
                        help="conversation size for the resume section (cold/warm/disk TTFT)")
     bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
+    bench.add_argument("--load", type=_bounded(int, 0, 1024), default=0, metavar="N",
+                       help="also decode beside N busy processes (e.g. one per core) and "
+                            "compare with the idle decode")
+    bench.add_argument("--load-same-session", action="store_true",
+                       help="start the busy processes in velo-chat's own session instead of "
+                            "one of their own (like a compile in another terminal)")
+    bench.add_argument("--threads", dest="thread_counts", default="", metavar="N,N,...",
+                       help="also decode with each fixed thread count (and beside the busy "
+                            "processes with --load)")
     bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
     fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")

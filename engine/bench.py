@@ -3,7 +3,9 @@
 It drives the real engine through real turns (the same code path the app uses) and reports
 prefill tok/s at several prompt sizes, decode tok/s over a fixed number of greedy tokens, TTFT,
 and the engine's own overhead: wall time of the decode phase over llama.cpp's `t_eval_ms` for
-the same tokens (1.00 would be a Python loop that costs nothing).
+the same tokens (1.00 would be a Python loop that costs nothing). The threads it ran with, and
+how busy the other processes kept the CPUs meanwhile, are part of the result; the threads and
+load sections (`bench_load.py`) decode again with fixed thread counts and beside busy processes.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .chat_template import ChatMessage
+from .bench_load import (
+    busy_processes, format_load_lines, load_section, measure_load, threads_section,
+)
 from . import bench_session
 from .bench_resume import run_resume_bench
+from .chat_template import ChatMessage
 from .engine import Engine
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,7 @@ class BenchResult:
     n_threads: int
     hybrid: bool
     machine: str
+    threads: dict[str, Any] = field(default_factory=dict)  # the thread plan (threads.py)
     prefill: list[dict[str, Any]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)  # later sections (e.g. resume)
@@ -57,18 +63,57 @@ def conversation_of(engine: Engine, n_tokens: int) -> list[ChatMessage]:
     return [ChatMessage("user", FILLER * reps)]
 
 
+def decode_section(engine: Engine, messages: list[ChatMessage], *, decode_tokens: int,
+                   repeats: int, note: Callable[[str], None], label: str = "") -> dict[str, Any]:
+    """Decode `decode_tokens` greedy tokens `repeats` times from a fresh context."""
+    runs = []
+    with measure_load() as load:
+        for i in range(repeats):
+            engine.reset()
+            note(f"decode {decode_tokens} tokens{label} (run {i + 1}/{repeats})")
+            runs.append(engine.complete(messages, max_tokens=decode_tokens,
+                                        ignore_eos=True).stats)
+    assert engine.ctx is not None
+    ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
+    best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
+    return {
+        "tokens": best.decode_tokens,
+        "tok_s": round(statistics.median(s.decode_tok_s for s in runs), 2),
+        "tok_s_runs": [round(s.decode_tok_s, 2) for s in runs],
+        "ttft_s": round(statistics.median(s.ttft_s for s in runs), 4),
+        "wall_ms": round(statistics.median(s.wall_ms for s in runs), 2),
+        "llama_eval_ms": round(statistics.median(s.llama_eval_ms for s in runs), 2),
+        "overhead": round(statistics.median(ratios), 4) if ratios else None,
+        "overhead_runs": [round(r, 4) for r in ratios],
+        "graphs_reused": best.graphs_reused,
+        "repeats": repeats,
+        "threads_after": list(engine.ctx.threads_now),  # (decode, prefill) at the end
+        "other_cores": load.get("other_cores"),  # CPU the rest of the machine used meanwhile
+    }
+
+
 def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFILL_SIZES,
               decode_tokens: int = 256, repeats: int = 3, resume_tokens: int = 0,
+              load: int = 0, load_same_session: bool = False,
+              thread_counts: tuple[int, ...] = (),
               on_progress: Callable[[str], None] | None = None) -> BenchResult:
-    """Run every section. With `resume_tokens`, the resume section runs last and closes the
-    engine (its fresh-process probe must not share the machine with a second copy)."""
+    """Run every section. `thread_counts`: decode again with each fixed count (the threads
+    section); `load`: decode again beside that many busy processes (the load section, with the
+    fixed counts too; `load_same_session` starts them as this process's children, see
+    `bench_load.py`). With `resume_tokens`, the resume section runs last and closes the engine
+    (its fresh-process probe must not share the machine with a second copy)."""
     note = on_progress or (lambda _s: None)
     model, ctx = engine.model, engine.ctx
     assert model is not None and ctx is not None, "load the engine first"
+    plan = ctx.thread_plan
     result = BenchResult(
         model=str(engine.model_path.name), architecture=model.architecture, profile=profile_name,
         n_ctx=ctx.n_ctx, n_threads=ctx.n_threads, hybrid=model.hybrid,
         machine=f"{platform.machine()} {platform.system()}",
+        threads={"decode": plan.decode, "prefill": plan.batch, "n_threads": plan.decode_setting,
+                 "n_threads_batch": plan.batch_setting, "gpu_resident": plan.gpu_resident,
+                 "cores": plan.cores, "adapt": plan.adapt, "pool": plan.pool, "poll": plan.poll,
+                 "plan": plan.describe()},
     )
     room = ctx.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
@@ -85,25 +130,20 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
                 "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
             })
         messages = conversation_of(engine, min(128, room))
-        runs = []
-        for i in range(repeats):
-            engine.reset()
-            note(f"decode {decode_tokens} tokens (run {i + 1}/{repeats})")
-            runs.append(engine.complete(messages, max_tokens=decode_tokens,
-                                        ignore_eos=True).stats)
-    ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
-    best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
-    result.decode = {
-        "tokens": best.decode_tokens,
-        "tok_s": round(statistics.median(s.decode_tok_s for s in runs), 2),
-        "ttft_s": round(statistics.median(s.ttft_s for s in runs), 4),
-        "wall_ms": round(statistics.median(s.wall_ms for s in runs), 2),
-        "llama_eval_ms": round(statistics.median(s.llama_eval_ms for s in runs), 2),
-        "overhead": round(statistics.median(ratios), 4) if ratios else None,
-        "overhead_runs": [round(r, 4) for r in ratios],
-        "graphs_reused": best.graphs_reused,
-        "repeats": repeats,
-    }
+
+        def decode(label: str = "") -> dict[str, Any]:
+            return decode_section(engine, messages, decode_tokens=decode_tokens,
+                                  repeats=repeats, note=note, label=label)
+
+        result.decode = decode()
+        if thread_counts:
+            result.sections["threads"] = threads_section(engine, decode, thread_counts,
+                                                         auto=result.decode)
+        if load > 0:
+            with busy_processes(load, same_session=load_same_session):
+                result.sections["load"] = load_section(engine, decode, load, thread_counts,
+                                                       idle=result,
+                                                       same_session=load_same_session)
     engine.reset()
     if resume_tokens > 0:
         with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:
@@ -119,8 +159,8 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
 def format_table(result: BenchResult) -> str:
     lines = [
         f"model     {result.model} ({result.architecture}, hybrid={result.hybrid})",
-        f"profile   {result.profile}   n_ctx {result.n_ctx}   threads {result.n_threads}   "
-        f"{result.machine}",
+        f"profile   {result.profile}   n_ctx {result.n_ctx}   {result.machine}",
+        f"threads   {result.threads.get('plan', result.n_threads)}",
         "",
         f"{'prefill tokens':>15} {'tok/s':>10} {'TTFT s':>9}",
     ]
@@ -135,6 +175,7 @@ def format_table(result: BenchResult) -> str:
             f"overhead  wall {d['wall_ms']:.1f} ms / llama eval {d['llama_eval_ms']:.1f} ms = "
             f"{d['overhead']:.4f}  (runs: {', '.join(f'{r:.4f}' for r in d['overhead_runs'])})",
         ]
+        lines += format_load_lines(result)
     r = result.sections.get("resume")
     if r:
         lines += [

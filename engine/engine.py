@@ -99,7 +99,8 @@ class Engine:
         t0 = time.perf_counter()
         model = LlamaModel(self.model_path, self.profile.model, on_progress=progress)
         try:
-            ctx = LlamaContext(model, self.profile.context)
+            ctx = LlamaContext(model, self.profile.context,
+                               n_gpu_layers=self.profile.model.n_gpu_layers)
         except BaseException:
             model.close()
             raise
@@ -114,6 +115,7 @@ class Engine:
             path=str(self.model_path), architecture=model.architecture, n_params=model.n_params,
             size_bytes=model.size_bytes, n_ctx=ctx.n_ctx, n_threads=ctx.n_threads,
             hybrid=model.hybrid, load_s=time.perf_counter() - t0,
+            n_threads_batch=ctx.n_threads_batch, threads=ctx.thread_plan.describe(),
         )
         emit(loaded)
         return loaded

@@ -24,9 +24,11 @@ class ModelLoaded:
     n_params: int
     size_bytes: int
     n_ctx: int
-    n_threads: int
+    n_threads: int  # decode threads as planned (fewer while the machine is busy)
     hybrid: bool  # recurrent or hybrid memory: prefixes resume only at checkpoint boundaries
     load_s: float
+    n_threads_batch: int = 0  # prefill threads as planned
+    threads: str = ""  # the thread plan in words: settings, counts and why (threads.py)
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from .llama_model import LlamaModel
 from .profile_schema import ContextSettings
+from .threads import (
+    ThreadGovernor, ThreadPlan, Threadpools, is_gpu_resident, plan_for, resolve_threads,
+    usable_cores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +38,8 @@ class ContextCreateError(RuntimeError):
     pass
 
 
-def usable_cores() -> int:
-    """CPUs this process may run on (affinity-aware), the ceiling for llama.cpp threads."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def resolve_threads(requested: int) -> int:
-    """0 means all usable cores; more than the usable cores is clamped (oversubscription made
-    decode 35x slower on a 2-core machine)."""
-    cores = usable_cores()
-    return cores if requested <= 0 else min(requested, cores)
+__all__ = ["ContextCreateError", "DecodeError", "LlamaContext", "Perf", "resolve_threads",
+           "usable_cores"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +52,10 @@ class Perf:
 
 
 class LlamaContext:
-    def __init__(self, model: LlamaModel, settings: ContextSettings) -> None:
+    def __init__(self, model: LlamaModel, settings: ContextSettings, *,
+                 n_gpu_layers: int = 0) -> None:
+        """`n_gpu_layers` is the model's setting: whether every layer is on the GPU decides
+        what `"auto"` threads are (`threads.py`)."""
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll
@@ -68,9 +65,14 @@ class LlamaContext:
         params.n_batch = settings.n_batch
         params.n_ubatch = settings.n_ubatch
         params.n_seq_max = 1
-        self.n_threads = resolve_threads(settings.n_threads)
-        params.n_threads = self.n_threads
-        params.n_threads_batch = self.n_threads
+        gpu = is_gpu_resident(n_gpu_layers, int(ll.llama_model_n_layer(model.model)),
+                              bool(ll.llama_supports_gpu_offload()))
+        plan = plan_for(settings, gpu)
+        self.thread_plan: ThreadPlan = plan
+        self.n_threads = plan.decode  # as planned; fewer while the machine is busy
+        self.n_threads_batch = plan.batch
+        params.n_threads = plan.decode
+        params.n_threads_batch = plan.batch
         params.flash_attn_type = FLASH_ATTN[settings.flash_attn]
         params.type_k = KV_TYPES[settings.type_k]
         params.type_v = KV_TYPES[settings.type_v]
@@ -92,6 +94,64 @@ class LlamaContext:
         self.memory = ll.llama_get_memory(ctx)
         self._one = (ll.llama_token * 1)()
         self.settings = settings
+        self._pools: Threadpools | None = None
+        self._old_pools: list[Threadpools] = []
+        self._governor: ThreadGovernor | None = None
+        self._in_use = plan.decode  # threads the last llama_decode ran with
+        self._threads = (plan.decode, plan.batch)
+        if plan.pool:
+            self._attach_pools(plan.decode, plan.batch)
+        if plan.adapt:
+            self._governor = ThreadGovernor(plan)
+        log.info("threads: %s", plan.describe())
+
+    # -- threads ----------------------------------------------------------------------------------
+
+    def _attach_pools(self, decode: int, batch: int) -> None:
+        """Persistent ggml thread pools with the profile's polling level (llama.cpp would
+        otherwise make and join a new pool for every graph)."""
+        try:
+            pools = Threadpools(self.ctx, decode, batch, poll=self.thread_plan.poll)
+        except (OSError, AttributeError) as exc:
+            log.warning("no persistent thread pools (%s); llama.cpp makes one per step", exc)
+            return
+        if self._pools is not None:
+            self._old_pools.append(self._pools)  # freed with the context (see Threadpools)
+        self._pools = pools
+
+    @property
+    def threads_now(self) -> tuple[int, int]:
+        """(decode, prefill) threads the next llama_decode calls use."""
+        return self._threads
+
+    def _set_threads(self, decode: int, batch: int) -> None:
+        self._ll.llama_set_n_threads(self.ctx, decode, batch)
+        self._threads = (decode, batch)
+
+    def _adapt(self) -> None:
+        gov = self._governor
+        assert gov is not None
+        changed = gov.update(self._in_use)
+        if changed is not None:
+            self._set_threads(*changed)
+
+    @contextmanager
+    def fixed_threads(self, decode: int, batch: int | None = None) -> Iterator[None]:
+        """Run with these thread counts and no adaptation for a while (the benchmark compares
+        fixed counts with the planned ones)."""
+        decode = resolve_threads(decode)
+        batch = resolve_threads(batch or self.thread_plan.batch)
+        governor, saved = self._governor, self._threads
+        self._governor = None
+        pools = self._pools
+        if pools is not None and (decode > pools.sizes[0] or batch > pools.sizes[1]):
+            self._attach_pools(max(decode, pools.sizes[0]), max(batch, pools.sizes[1]))
+        self._set_threads(decode, batch)
+        try:
+            yield
+        finally:
+            self._set_threads(*saved)
+            self._governor = governor
 
     def decode(self, tokens: Sequence[int]) -> None:
         """Append tokens to the sequence; logits are computed for the last one only.
@@ -100,6 +160,10 @@ class LlamaContext:
         for start in range(0, len(tokens), self.n_batch):
             piece = tokens[start:start + self.n_batch]
             n = len(piece)
+            gov = self._governor
+            if gov is not None and gov.due(time.monotonic()):
+                self._adapt()
+            self._in_use = self._threads[1] if n > 1 else self._threads[0]
             if n == 1:
                 arr = self._one
                 arr[0] = piece[0]
@@ -112,7 +176,12 @@ class LlamaContext:
                 raise DecodeError(f"llama_decode failed (code {rc}); see the log")
 
     def decode_one(self, token: int) -> int:
-        """The per-token hot path: no allocation, returns llama_decode's code."""
+        """The per-token hot path: no allocation, returns llama_decode's code. Every
+        `ThreadGovernor.interval` it looks at the machine's load (a /proc read)."""
+        gov = self._governor
+        if gov is not None and gov.due(time.monotonic()):
+            self._in_use = self._threads[0]
+            self._adapt()
         self._one[0] = token
         return self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(self._one, 1))
 
@@ -174,6 +243,10 @@ class LlamaContext:
         if getattr(self, "ctx", None):
             self._ll.llama_free(self.ctx)
             self.ctx = None
+        for pools in [*getattr(self, "_old_pools", []), getattr(self, "_pools", None)]:
+            if pools is not None:
+                pools.close()  # after llama_free: the context may use them until then
+        self._pools, self._old_pools = None, []
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:

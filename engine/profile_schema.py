@@ -23,12 +23,23 @@ def setting(
     max: float | None = None,
     choices: tuple[str, ...] | None = None,
     reload: str | None = None,
+    auto: bool = False,
 ) -> Any:
-    """Declare one profile field with its documentation and constraints."""
+    """Declare one profile field with its documentation and constraints. `auto`: besides a
+    value of its type, the field accepts the string "auto" (resolved when it is used)."""
     return field(
         default=default,
-        metadata={"doc": doc, "min": min, "max": max, "choices": choices, "reload": reload},
+        metadata={"doc": doc, "min": min, "max": max, "choices": choices, "reload": reload,
+                  "auto": auto},
     )
+
+
+def value_type(f: Any) -> type:
+    """The Python type of a field's values ("auto" aside): `int` for `int | str`."""
+    if isinstance(f.type, type):
+        return f.type
+    name = f.type.split("|")[0].strip()
+    return {"int": int, "float": float, "str": str, "bool": bool}[name]
 
 
 @dataclass(frozen=True)
@@ -75,9 +86,40 @@ class ContextSettings:
         512, "Physical micro-batch; prefill progress and cancellation are checked per ubatch.",
         min=1, max=65536, reload="context",
     )
-    n_threads: int = setting(
-        0, "CPU threads for llama.cpp; 0 = the usable cores. Never more than the usable cores.",
-        min=0, max=1024, reload="context",
+    n_threads: int | str = setting(
+        "auto",
+        "CPU threads for decoding one token. \"auto\": 1 when every layer is on the GPU (the "
+        "CPU only looks up the input embeddings; waking more threads for that costs more than "
+        "it does), else the usable cores. A number is used as is; 0 = the usable cores. Never "
+        "more than the usable cores (docs/threads.md).",
+        min=0, max=1024, reload="context", auto=True,
+    )
+    n_threads_batch: int | str = setting(
+        "auto",
+        "CPU threads for prefill (many tokens per step). \"auto\" and 0: the usable cores.",
+        min=0, max=1024, reload="context", auto=True,
+    )
+    adapt_threads: bool = setting(
+        True,
+        "While other processes keep the cores busy (a compile, a test run), decode and prefill "
+        "with fewer threads, down to 1, and go back up when the cores are free again: threads "
+        "that wait for a descheduled thread spin, so a full pool on a busy machine runs at a "
+        "fraction of its fair share (docs/threads.md).",
+        reload="context",
+    )
+    thread_pool: bool = setting(
+        True,
+        "Keep llama.cpp's worker threads between steps (persistent ggml thread pools, attached "
+        "to the context). false: llama.cpp starts and joins its threads for every step, as "
+        "llama-cpp-python does by default (4-5% slower decode on 2 cores).",
+        reload="context",
+    )
+    thread_poll: int = setting(
+        0,
+        "How long the pool's idle worker threads poll for the next step before they sleep "
+        "(ggml's polling level: 0 = sleep at once, 100 = poll longest). Polling burns a core "
+        "that a busy machine needs; it bought no speed when measured (docs/threads.md).",
+        min=0, max=100, reload="context",
     )
     flash_attn: str = setting(
         "auto", "Flash attention: \"on\", \"off\" or \"auto\".", choices=("auto", "on", "off"),

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import locations
 from .atomic_file import atomic_write_text
-from .profile_schema import SECTIONS, Profile
+from .profile_schema import SECTIONS, Profile, value_type
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,16 @@ def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 def _check_value(profile: str, where: str, f: dataclasses.Field, value: Any) -> Any:
     meta = f.metadata
-    want = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str,
-                                                       "bool": bool}[f.type]
+    if meta.get("auto") and value == "auto":
+        return value
+    want = value_type(f)
     ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:
+        also = ' or "auto"' if meta.get("auto") else ""
         raise ProfileError(
-            f"profile {profile!r}: {where} must be {want.__name__}, got {value!r}"
+            f"profile {profile!r}: {where} must be {want.__name__}{also}, got {value!r}"
         )
     if want is float and not math.isfinite(value):
         raise ProfileError(f"profile {profile!r}: {where} must be a finite number, got {value!r}")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from velo_chat.engine import locations
+from pathlib import Path
+
+from velo_chat.engine import default_model, locations
+from velo_chat.engine.profile_schema import Profile
 from velo_chat.engine.profiles import profile_to_toml, settings_path
+from velo_chat.engine.threads import preview_plan
 
 from .common import resolve_profile
 
@@ -17,5 +21,16 @@ def print_config(profile_name: str | None) -> int:
     print(f"# sessions db   {locations.database_path()}")
     print(f"# checkpoints   {locations.checkpoints_dir()}")
     print(f"# log           {locations.log_path()}")
+    plan, note = preview_plan(profile, _model_path(profile))
+    print(f"# threads       {plan.describe()}" + (f" ({note})" if note else ""))
     print(profile_to_toml(profile), end="")
     return 0
+
+
+def _model_path(profile: Profile) -> Path | None:
+    """The profile's GGUF if it is on disk (nothing is fetched here)."""
+    if profile.model.path == "default":
+        path = default_model.default_model_path()
+    else:
+        path = Path(profile.model.path).expanduser()
+    return path if path.is_file() else None

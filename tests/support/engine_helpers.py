@@ -12,10 +12,15 @@ from velo_chat.engine.profiles import build_profile
 
 
 def test_profile(model_path: Path, **sections: dict) -> Profile:
-    """A small, fast profile for engine tests (2 threads: more than the cores is 35x slower)."""
+    """A small, fast profile for engine tests (2 threads: more than the cores is 35x slower).
+
+    Fixed threads, no adaptation to the machine's load: CPU flash attention splits a long KV
+    cache by the decode thread count, so greedy tokens compared across runs must be computed
+    with the same count (docs/threads.md)."""
     data = {
         "model": {"path": str(model_path)},
-        "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2},
+        "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2,
+                    "adapt_threads": False},
         "sampling": {"temperature": 0.0, "max_tokens": 64},
         # Short test prompts: save the state before every reply, however short the prefill.
         "checkpoints": {"min_prefill_tokens": 0},

@@ -86,7 +86,7 @@ class FakeEngine:
         emit(ModelLoading(1.0))
         self.model, self.ctx = FakeModel(), FakeCtx()
         info = ModelLoaded("/models/fake.gguf", "llama", 135_000_000, 100 << 20, 4096, 2, False,
-                           0.1)
+                           0.1, n_threads_batch=2, threads="decode 2 (auto), prefill 2 (auto)")
         emit(info)
         return info
 

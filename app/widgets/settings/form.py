@@ -16,7 +16,7 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Select, Static, Switch
 
-from velo_chat.engine.profile_schema import SECTIONS, Profile
+from velo_chat.engine.profile_schema import SECTIONS, Profile, value_type
 from velo_chat.engine.profiles import ProfileError, build_profile
 
 TOP = ("description", "system_prompt")
@@ -60,6 +60,7 @@ class ProfileForm(VerticalScroll):
         self.result: Profile | None = profile
         self.error: str | None = None
         self._kinds: dict[str, type] = {}
+        self._auto: set[str] = set()  # fields that also accept "auto"
 
     def compose(self) -> ComposeResult:
         values = profile_values(self.profile)
@@ -71,9 +72,10 @@ class ProfileForm(VerticalScroll):
             yield Static(SECTION_TITLES.get(section, section), classes="form-section")
             for f in dataclasses.fields(cls):
                 key = f"{section}.{f.name}"
-                kind = {"int": int, "float": float, "str": str, "bool": bool}.get(
-                    f.type, f.type) if isinstance(f.type, str) else f.type
+                kind = value_type(f)
                 self._kinds[key] = kind
+                if f.metadata.get("auto"):
+                    self._auto.add(key)
                 doc = f.metadata.get("doc", "")
                 if f.metadata.get("reload"):
                     doc += f" [dim](needs a {f.metadata['reload']} reload)[/]"
@@ -115,9 +117,13 @@ class ProfileForm(VerticalScroll):
             widget = self.query_one(f"#{field_id(key)}")
             raw = widget.value
             try:
-                value = kind(raw.strip()) if kind in (int, float) else raw
+                if key in self._auto and raw.strip() == "auto":
+                    value = "auto"
+                else:
+                    value = kind(raw.strip()) if kind in (int, float) else raw
             except ValueError:
-                errors[key] = f"{key} must be {'a whole number' if kind is int else 'a number'}"
+                what = 'a whole number' if kind is int else 'a number'
+                errors[key] = f"{key} must be {what}" + (' or "auto"' if key in self._auto else "")
                 continue
             if "." in key:
                 section, name = key.split(".", 1)

@@ -93,8 +93,11 @@ class LivePanel(Vertical):
         self.query_one("#panel-load", ProgressBar).display = False
         self.n_ctx = info.n_ctx
         kind = "hybrid" if info.hybrid else "attention"
+        threads = f"threads {info.n_threads}"
+        if info.n_threads_batch:
+            threads += f" · prefill {info.n_threads_batch}"
         self.query_one("#panel-model", Static).update(
-            f"{name}\n{info.architecture} · {kind} · {info.n_threads} threads")
+            f"{name}\n{info.architecture} · {kind}\n{threads}")
         self._render_context()
 
     def model_failed(self, reason: str) -> None:
