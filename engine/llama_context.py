@@ -101,9 +101,12 @@ class LlamaContext:
         self._threads = (plan.decode, plan.batch)
         if plan.pool:
             self._attach_pools(plan.decode, plan.batch)
+        log.info("threads: %s", plan.describe())
         if plan.adapt:
             self._governor = ThreadGovernor(plan)
-        log.info("threads: %s", plan.describe())
+            changed = self._governor.first_look()
+            if changed is not None:
+                self._set_threads(*changed)
 
     # -- threads ----------------------------------------------------------------------------------
 

@@ -207,8 +207,8 @@ class CpuLoad:
         got = max(0.0, (b.busy - a.busy) - (b.own - a.own)) / span
         got = min(got, float(cores))
         idle = max(0.0, b.idle - a.idle) / span
-        if idle >= 0.25 or got >= cores - 0.05:
-            return got
+        if threads <= 0 or idle >= 0.25 or got >= cores - 0.05:
+            return got  # nothing of ours held them back
         return got * threads / (cores - got)
 
 
@@ -232,6 +232,15 @@ class ThreadGovernor:
         self.others = 0.0
         self._last = self.probe.sample() if self.enabled else None
         self._next = time.monotonic() + interval
+
+    def first_look(self, seconds: float = 0.1) -> tuple[int, int] | None:
+        """Watch the machine for `seconds` while this process is idle, so the first step
+        (a prefill ubatch can take seconds) already runs with what fits; the new counts if they
+        differ from the plan's."""
+        if not self.enabled:
+            return None
+        time.sleep(seconds)
+        return self.update(0)
 
     def due(self, now: float) -> bool:
         return self.enabled and now >= self._next

@@ -122,6 +122,15 @@ def test_the_governor_drops_to_the_free_cores_and_comes_back(cores, monkeypatch)
     assert counts[-1] == cores  # back to every core once the load is gone
 
 
+def test_a_first_look_before_the_first_step_sees_a_busy_machine(sixteen_cores):
+    plan = plan_threads("auto", "auto", gpu_resident=False)
+    for busy, want in ((16, (1, 1)), (4, (12, 12)), (0, None)):
+        machine = Machine(16)
+        gov = ThreadGovernor(plan, probe=machine)
+        machine.run(busy, 0, span=0.1)  # this process idle: they get what they want
+        assert gov.first_look(0.0) == want
+
+
 def test_the_governor_never_goes_above_the_plan_and_is_off_when_asked(sixteen_cores):
     plan = plan_threads(1, 4, gpu_resident=True)
     machine = Machine(16)
