@@ -18,7 +18,7 @@ worker updates its content as it goes and finally sets `status="complete"` with 
 or kill at any point leaves the user's message and the partial reply, marked interrupted.
 
 Privacy: the database and its -wal/-shm files are 0600 whatever the umask, and an older one left
-0644 is tightened when opened (`_private_database_file`).
+0644 is tightened when opened (`private_file.py`).
 
 Text: every string written goes through `rows.text` first, so a lone surrogate (from argv, a JSON
 escape, a paste) becomes U+FFFD instead of a `UnicodeEncodeError` out of `sqlite3`
@@ -28,9 +28,7 @@ escape, a paste) becomes U+FFFD instead of a `UnicodeEncodeError` out of `sqlite
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
-import stat
 import threading
 import time
 import uuid
@@ -51,44 +49,10 @@ from .errors import (
 )
 from .migrations import ensure_search_index, fts5_available, migrate, write_transaction
 from .models import ROLES, STATUSES, Message, SearchHit, Session, make_title
+from .private_file import private_database_file
 from .search import find
 
 log = logging.getLogger(__name__)
-
-_PRIVATE_FILE_MODE = 0o600
-_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
-
-
-def _private_database_file(path: Path) -> None:
-    """Create the database file 0600 before SQLite opens it, and tighten ours if more open.
-
-    SQLite gives the -wal, -shm and -journal files it creates the mode of the database file
-    (and fchmods them to it, so the umask does not matter), so a 0600 database keeps its whole
-    family 0600. Pre-creating the file, rather than setting a umask around `connect`, because
-    the umask is process-wide and the TUI's other threads create files meanwhile. A zero-length
-    file is a valid empty SQLite database."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _PRIVATE_FILE_MODE)
-    except FileExistsError:
-        pass
-    else:
-        try:
-            os.fchmod(fd, _PRIVATE_FILE_MODE)  # the open mode went through the umask
-        finally:
-            os.close(fd)
-    for suffix in _SQLITE_SIDE_FILES:
-        member = Path(f"{path}{suffix}")
-        try:
-            st = member.stat()
-            mode = stat.S_IMODE(st.st_mode)
-            if mode & ~_PRIVATE_FILE_MODE and st.st_uid == os.geteuid():
-                os.chmod(member, mode & _PRIVATE_FILE_MODE)
-                log.info("session store: tightened %s from %o to 600", member, mode)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:  # a read-only mount: still usable, just not tightened
-            log.warning("session store: cannot tighten %s: %s", member, exc.strerror)
-
 
 class SessionStore:
     """Sessions and messages in one SQLite file. Use as a context manager, or call `close`.
@@ -118,7 +82,7 @@ class SessionStore:
                 f"cannot create the directory of the session database {self.path}: {exc.strerror}"
             ) from exc
         try:
-            _private_database_file(self.path)
+            private_database_file(self.path)
         except OSError as exc:
             raise StoreReadOnly(
                 f"cannot create the session database {self.path}: {exc.strerror}"

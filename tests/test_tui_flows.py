@@ -38,6 +38,13 @@ def chat(app) -> ChatScreen:
     return next(s for s in app.screen_stack if isinstance(s, ChatScreen))
 
 
+async def ready(pilot) -> ChatScreen:
+    """The chat screen, once its model is loaded."""
+    screen = chat(pilot.app)
+    await until(pilot, lambda: screen.model_ready)
+    return screen
+
+
 async def send(pilot, text: str) -> None:
     screen = chat(pilot.app)
     await until(pilot, lambda: screen.model_ready)

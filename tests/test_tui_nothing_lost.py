@@ -26,7 +26,7 @@ from velo_chat.store import SessionStore
 
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import FIXED_NOW, fake_app
-from tests.test_tui_flows import SIZE, chat, until
+from tests.test_tui_flows import SIZE, chat, ready, until
 
 pytestmark = pytest.mark.usefixtures("bare_home")
 
@@ -52,8 +52,7 @@ def user_messages(app) -> list[str]:
 async def test_keys_faster_than_the_app_handles_them_are_all_sent(tmp_path):
     app, factory = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         burst(app, LONG + "\n")
         await until(pilot, lambda: user_messages(app) and not screen.busy)
         assert user_messages(app) == [LONG]
@@ -64,8 +63,7 @@ async def test_keys_faster_than_the_app_handles_them_are_all_sent(tmp_path):
 async def test_typing_on_after_enter_keeps_the_next_draft(tmp_path):
     app, _ = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         burst(app, "first question\nsecond draft, not sent yet")
         await until(pilot, lambda: user_messages(app) and not screen.busy)
         assert user_messages(app) == ["first question"]
@@ -92,8 +90,7 @@ async def test_a_rejected_message_goes_back_in_front_of_the_new_draft(tmp_path):
     script = FakeScript(prompt_limit=10)
     app, _ = fake_app(tmp_path, script)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         burst(app, "x" * 200 + "\nnext")
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
         assert "context holds" in app.screen.body
@@ -105,8 +102,7 @@ async def test_a_rejected_message_goes_back_in_front_of_the_new_draft(tmp_path):
 async def test_an_unexpected_error_at_the_start_of_a_turn_gives_the_text_back(tmp_path):
     app, _ = fake_app(tmp_path, FakeScript(turn_error=RuntimeError("boom in turn()")))
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         burst(app, "keep me\n")
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
         assert "RuntimeError: boom in turn()" in app.screen.body
@@ -120,8 +116,7 @@ async def test_an_engine_crash_mid_reply_keeps_what_streamed(tmp_path):
     script = FakeScript(reply="one two three four five six", crash_after=3)
     app, _ = fake_app(tmp_path, script)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         burst(app, "count\n")
         await until(pilot, lambda: user_messages(app) and not screen.busy)
         view = screen.query_one(Transcript).views()[-1]
@@ -136,8 +131,7 @@ async def test_a_failed_activation_keeps_the_running_profile_and_saves_nothing(t
     missing = GGUFError("model file not found: /models/Qwen3.8-Flash-Next-00001-of-00004.gguf")
     app, factory = fake_app(tmp_path, FakeScript(check_errors={"spark-qwen38": missing}))
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
         app.screen.query_one("#profile-list").highlighted = app.screen.names.index(
@@ -161,8 +155,7 @@ async def test_a_load_that_fails_after_closing_reloads_the_previous_profile(tmp_
     oom = ModelLoadError("llama.cpp could not load /m.gguf: failed to allocate buffer")
     app, factory = fake_app(tmp_path, FakeScript(load_errors={"spark-qwen38": oom}))
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         app.use_profile(load_profile("spark-qwen38"), ask=False, activate=True)
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
         assert "failed to allocate" in app.screen.body and "Still running" in app.screen.body
@@ -178,8 +171,7 @@ async def test_a_superseded_load_never_announces_itself(tmp_path):
     gate = threading.Event()  # spark-qwen38's load hangs until cancelled
     app, factory = fake_app(tmp_path, FakeScript(load_gates={"spark-qwen38": gate}))
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         screen.reload_model(load_profile("spark-qwen38"))
         await until(pilot, lambda: len(factory.engines) == 2)
         screen.reload_model(load_profile("default"))
@@ -211,8 +203,7 @@ async def test_a_locked_store_in_session_actions_is_a_dialog(tmp_path):
                          clock=lambda: FIXED_NOW)
     app, _ = fake_app(tmp_path, store=store)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         burst(app, "hello\n")
         await until(pilot, lambda: user_messages(app) and not screen.busy)
         holder = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None)
@@ -234,8 +225,7 @@ async def test_a_failing_store_in_the_session_filter_is_said_not_swallowed(tmp_p
     store = SessionStore(tmp_path / "sessions.db", clock=lambda: FIXED_NOW)
     app, _ = fake_app(tmp_path, store=store)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         store.close()  # any store failure: reads now raise StoreError
         screen.query_one("#session-filter").value = "tuple"
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
