@@ -33,7 +33,7 @@ from .widgets.telemetry.panel import MemoryProbe
 
 
 def reload_needed(old: Profile, new: Profile) -> str | None:
-    """"model" or "context" when going from `old` to `new` needs the engine rebuilt, else None
+    """ "model" or "context" when going from `old` to `new` needs the engine rebuilt, else None
     (sampling and display changes apply to the next turn)."""
     if old.model != new.model:
         return "model"
@@ -52,11 +52,22 @@ class VeloChatApp(App[None]):
     CSS_PATH = "../assets/styles/app.tcss"
     BINDINGS = keymap.bindings("app")
 
-    def __init__(self, profile: Profile, *, store: SessionStore, host: EngineHost,
-                 settings: AppSettings, clock: Callable[[], float], wall_clock:
-                 Callable[[], float], memory_probe: MemoryProbe, memory_interval: float | None,
-                 cursor_blink: bool, load_on_start: bool, turn_kwargs: dict[str, Any],
-                 owns_store: bool) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        store: SessionStore,
+        host: EngineHost,
+        settings: AppSettings,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+        memory_probe: MemoryProbe,
+        memory_interval: float | None,
+        cursor_blink: bool,
+        load_on_start: bool,
+        turn_kwargs: dict[str, Any],
+        owns_store: bool,
+    ) -> None:
         super().__init__()
         self.profile = profile
         self.store = store
@@ -94,8 +105,7 @@ class VeloChatApp(App[None]):
 
     # -- profiles -----------------------------------------------------------------------------
 
-    def use_profile(self, profile: Profile, *, ask: bool = True, activate: bool = False
-                    ) -> None:
+    def use_profile(self, profile: Profile, *, ask: bool = True, activate: bool = False) -> None:
         """Run `profile`. Sampling/display changes apply to the next turn; a change that needs
         the model or context rebuilt asks first, then reloads in the background, and the
         profile is adopted only once its model is loaded (a failed load keeps the previous one
@@ -119,16 +129,21 @@ class VeloChatApp(App[None]):
                 self.push_screen(error_dialog(f"Cannot use profile {profile.name!r}", str(exc)))
                 return
             if self.adopt_profile(profile, activate=activate):
-                self.notify(f"Keeping the loaded model; the {need} change applies after a "
-                            "reload.", timeout=6)
+                self.notify(f"Keeping the loaded model; the {need} change applies after a reload.", timeout=6)
 
         if not ask:
             reload()
             return
         what = "load the model again" if need == "model" else "rebuild the context"
-        self.push_screen(ConfirmDialog("Reload needed", f"Profile {profile.name!r} needs to "
-                                       f"{what}. The live context is lost. Reload now?",
-                                       yes="Reload", no="Later"), answer)
+        self.push_screen(
+            ConfirmDialog(
+                "Reload needed",
+                f"Profile {profile.name!r} needs to {what}. The live context is lost. Reload now?",
+                yes="Reload",
+                no="Later",
+            ),
+            answer,
+        )
 
     def adopt_profile(self, profile: Profile, *, activate: bool = False) -> bool:
         """Make `profile` the running one and tell every screen; with `activate`, save it as
@@ -166,31 +181,47 @@ class VeloChatApp(App[None]):
         scopes = {"settings"} if screen.id == "settings" else {"chat", "sessions", "message"}
         for a in keymap.ACTIONS:
             if a.scope == "app" and a.id != "app.quit":
-                yield SystemCommand(a.description, f"key: {self._key(a)}",
-                                    lambda a=a: self.run_action(a.action))
+                yield SystemCommand(
+                    a.description, f"key: {self._key(a)}", lambda a=a: self.run_action(a.action)
+                )
             elif a.scope in scopes and (a.palette_action or a.scope != "message"):
                 action = a.palette_action or a.action
-                yield SystemCommand(a.description, f"key: {self._key(a)}",
-                                    lambda action=action: screen.run_action(action))
+                yield SystemCommand(
+                    a.description, f"key: {self._key(a)}", lambda action=action: screen.run_action(action)
+                )
 
     def _key(self, action: keymap.KeyAction) -> str:
         return keymap.effective_key(action, self.settings.keymap)
 
 
-def make_app(profile: Profile, *, engine_factory: EngineFactory = real_engine,
-             store: SessionStore | None = None, settings: AppSettings | None = None,
-             clock: Callable[[], float] = time.perf_counter,
-             wall_clock: Callable[[], float] = time.time,
-             memory_probe: MemoryProbe = default_memory_probe,
-             memory_interval: float | None = 2.0, cursor_blink: bool = True,
-             load_on_start: bool = True,
-             turn_kwargs: dict[str, Any] | None = None) -> VeloChatApp:
+def make_app(
+    profile: Profile,
+    *,
+    engine_factory: EngineFactory = real_engine,
+    store: SessionStore | None = None,
+    settings: AppSettings | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    wall_clock: Callable[[], float] = time.time,
+    memory_probe: MemoryProbe = default_memory_probe,
+    memory_interval: float | None = 2.0,
+    cursor_blink: bool = True,
+    load_on_start: bool = True,
+    turn_kwargs: dict[str, Any] | None = None,
+) -> VeloChatApp:
     """Build the app. Tests pass a fake `engine_factory`, a store on a temp path, fixed clocks,
     `cursor_blink=False` and `memory_interval=None`; the benchmark passes `turn_kwargs`."""
     owns = store is None
     return VeloChatApp(
-        profile, store=store or SessionStore(locations.database_path()),
-        host=EngineHost(engine_factory), settings=settings or load_app_settings(), clock=clock,
-        wall_clock=wall_clock, memory_probe=memory_probe, memory_interval=memory_interval,
-        cursor_blink=cursor_blink, load_on_start=load_on_start, turn_kwargs=turn_kwargs or {},
-        owns_store=owns)
+        profile,
+        store=store or SessionStore(locations.database_path()),
+        host=EngineHost(engine_factory),
+        settings=settings or load_app_settings(),
+        clock=clock,
+        wall_clock=wall_clock,
+        memory_probe=memory_probe,
+        memory_interval=memory_interval,
+        cursor_blink=cursor_blink,
+        load_on_start=load_on_start,
+        turn_kwargs=turn_kwargs or {},
+        owns_store=owns,
+    )

@@ -29,6 +29,7 @@ def version() -> str:
 
 def _bounded(kind: type, lo: float, hi: float | None = None):
     """An argparse type: a number of `kind` in [lo, hi], with a one-line error otherwise."""
+
     def parse(value: str):
         try:
             x = kind(value)
@@ -39,6 +40,7 @@ def _bounded(kind: type, lo: float, hi: float | None = None):
             bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {x}")
         return x
+
     return parse
 
 
@@ -54,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"velo-chat {version()}")
     p.add_argument("--profile", help="profile to use (default: the active one)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved profile and directories, then exit")
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved profile and directories, then exit"
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     ask = sub.add_parser("ask", help="one turn, streamed to stdout")
@@ -69,10 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--temperature", type=_temperature, metavar="T")
     ask.add_argument("--seed", type=_seed, metavar="S")
     redo = ask.add_mutually_exclusive_group()
-    redo.add_argument("--regenerate", action="store_true",
-                      help="with --session: answer the last user message again")
-    redo.add_argument("--edit-last", action="store_true",
-                      help="with --session: replace the last user message with PROMPT")
+    redo.add_argument(
+        "--regenerate", action="store_true", help="with --session: answer the last user message again"
+    )
+    redo.add_argument(
+        "--edit-last", action="store_true", help="with --session: replace the last user message with PROMPT"
+    )
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
     profiles = sub.add_parser("profiles", help="list or show profiles")
@@ -95,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("file")
     sf = ssub.add_parser("fork", help="a new session sharing the history up to a message")
     sf.add_argument("id")
-    sf.add_argument("--at", type=int, metavar="MESSAGE_ID",
-                    help="last message to keep (default: the last one)")
+    sf.add_argument(
+        "--at", type=int, metavar="MESSAGE_ID", help="last message to keep (default: the last one)"
+    )
     sd = ssub.add_parser("delete", help="delete a session and its messages")
     sd.add_argument("id")
     sr = ssub.add_parser("rename", help="set a session's title")
@@ -108,22 +114,42 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure prefill, decode, TTFT and engine overhead")
     bench.add_argument("--model", metavar="PATH", help="GGUF to measure instead of the profile's")
     bench.add_argument("--profile", dest="bench_profile", metavar="NAME")
-    bench.add_argument("--prefill-sizes", default="512,2048,8192", metavar="N,N,...",
-                       help="prompt sizes in tokens (capped by n_ctx)")
+    bench.add_argument(
+        "--prefill-sizes",
+        default="512,2048,8192",
+        metavar="N,N,...",
+        help="prompt sizes in tokens (capped by n_ctx)",
+    )
     bench.add_argument("--decode-tokens", type=_positive, default=256, metavar="N")
     bench.add_argument("--repeats", type=_positive, default=3, metavar="N")
-    bench.add_argument("--resume-tokens", type=_positive, default=7680, metavar="N",
-                       help="conversation size for the resume section (cold/warm/disk TTFT)")
+    bench.add_argument(
+        "--resume-tokens",
+        type=_positive,
+        default=7680,
+        metavar="N",
+        help="conversation size for the resume section (cold/warm/disk TTFT)",
+    )
     bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
-    bench.add_argument("--load", type=_bounded(int, 0, 1024), default=0, metavar="N",
-                       help="also decode beside N busy processes (e.g. one per core) and "
-                            "compare with the idle decode")
-    bench.add_argument("--load-same-session", action="store_true",
-                       help="start the busy processes in velo-chat's own session instead of "
-                            "one of their own (like a compile in another terminal)")
-    bench.add_argument("--threads", dest="thread_counts", default="", metavar="N,N,...",
-                       help="also decode with each fixed thread count (and beside the busy "
-                            "processes with --load)")
+    bench.add_argument(
+        "--load",
+        type=_bounded(int, 0, 1024),
+        default=0,
+        metavar="N",
+        help="also decode beside N busy processes (e.g. one per core) and compare with the idle decode",
+    )
+    bench.add_argument(
+        "--load-same-session",
+        action="store_true",
+        help="start the busy processes in velo-chat's own session instead of "
+        "one of their own (like a compile in another terminal)",
+    )
+    bench.add_argument(
+        "--threads",
+        dest="thread_counts",
+        default="",
+        metavar="N,N,...",
+        help="also decode with each fixed thread count (and beside the busy processes with --load)",
+    )
     bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
     fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")
@@ -145,7 +171,10 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.print_config:
         return config.print_config(args.profile)
     handlers = {
-        "ask": ask.run, "profiles": profiles.run, "sessions": sessions.run, "bench": bench.run,
+        "ask": ask.run,
+        "profiles": profiles.run,
+        "sessions": sessions.run,
+        "bench": bench.run,
         "fetch-model": fetch.run,
     }
     if args.command is None:

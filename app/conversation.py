@@ -39,8 +39,7 @@ def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[Cha
     for m in messages:
         if m.role == "system" or (m.status == "error" and not m.content and not m.reasoning):
             continue
-        out.append(ChatMessage(m.role, m.content,
-                               m.reasoning if m.role == "assistant" else ""))
+        out.append(ChatMessage(m.role, m.content, m.reasoning if m.role == "assistant" else ""))
     return out
 
 
@@ -85,19 +84,25 @@ class RecordedTurn:
                 self._last_flush = now
         elif isinstance(event, TurnDone):
             status = "interrupted" if event.stats.finish_reason == "cancelled" else "complete"
-            self._update(content=event.text, reasoning=event.reasoning, status=status,
-                         prompt_tokens=event.stats.prompt_tokens,
-                         completion_tokens=event.stats.decode_tokens,
-                         stats=event.stats.to_json())
+            self._update(
+                content=event.text,
+                reasoning=event.reasoning,
+                status=status,
+                prompt_tokens=event.stats.prompt_tokens,
+                completion_tokens=event.stats.decode_tokens,
+                stats=event.stats.to_json(),
+            )
         elif isinstance(event, TurnFailed):
-            self._update(content=event.text or "".join(self.text),
-                         reasoning=event.reasoning or "".join(self.reasoning), status="error",
-                         stats={"error": event.reason})
+            self._update(
+                content=event.text or "".join(self.text),
+                reasoning=event.reasoning or "".join(self.reasoning),
+                status="error",
+                stats={"error": event.reason},
+            )
 
     def interrupted(self) -> None:
         """The turn stopped without a final event (Ctrl-C, an exception): keep what streamed."""
-        self._update(content="".join(self.text), reasoning="".join(self.reasoning),
-                     status="interrupted")
+        self._update(content="".join(self.text), reasoning="".join(self.reasoning), status="interrupted")
 
 
 def last_user_message(messages: Sequence[Message]) -> Message | None:
@@ -113,8 +118,16 @@ class StartedTurn:
     recorded: RecordedTurn
 
 
-def start_turn(store: SessionStore, engine: Any, *, session: Session | None, profile: Profile,
-               text: str, rewind: bool = False, **turn_kwargs: Any) -> StartedTurn:
+def start_turn(
+    store: SessionStore,
+    engine: Any,
+    *,
+    session: Session | None,
+    profile: Profile,
+    text: str,
+    rewind: bool = False,
+    **turn_kwargs: Any,
+) -> StartedTurn:
     """Build the conversation, have the engine accept the turn, then write it.
 
     The engine sees the prompt first, so a user error (a prompt that does not fit, no chat
@@ -135,11 +148,11 @@ def start_turn(store: SessionStore, engine: Any, *, session: Session | None, pro
     try:
         created = session is None
         if session is None:
-            session = store.create_session(profile.name, system_prompt=system_prompt,
-                                           model_fingerprint=engine.model.fingerprint)
+            session = store.create_session(
+                profile.name, system_prompt=system_prompt, model_fingerprint=engine.model.fingerprint
+            )
         try:
-            user, reply = store.add_exchange(session.id, text,
-                                             replace_after=None if cut is None else cut - 1)
+            user, reply = store.add_exchange(session.id, text, replace_after=None if cut is None else cut - 1)
         except BaseException:
             if created:  # leave no empty session behind
                 _delete_quietly(store, session.id)

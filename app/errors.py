@@ -18,6 +18,14 @@ class UserError(Exception):
 
 
 USER_ERRORS: tuple[type[BaseException], ...] = (
-    UserError, ProfileError, GGUFError, ModelLoadError, ContextCreateError, DefaultModelMissing,
-    PromptTooLong, ChatTemplateError, StoreError, BinaryInput,
+    UserError,
+    ProfileError,
+    GGUFError,
+    ModelLoadError,
+    ContextCreateError,
+    DefaultModelMissing,
+    PromptTooLong,
+    ChatTemplateError,
+    StoreError,
+    BinaryInput,
 )

@@ -18,7 +18,13 @@ from textual.message import Message
 
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import (
-    EngineWarning, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnFailed, TurnStarted,
+    EngineWarning,
+    ModelLoading,
+    PrefillProgress,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+    TurnStarted,
 )
 from velo_chat.engine.profile_schema import Profile, ReasoningSettings
 from velo_chat.store import Session, SessionStore
@@ -30,8 +36,17 @@ from .engine_host import EngineHost
 from .errors import USER_ERRORS
 from .stream_pacer import StreamPacer
 from .messages import (
-    EngineNotice, ModelLoadFailed, ModelLoadProgress, ModelReady, PrefillUpdated, PreviewReady,
-    TokensStreamed, TurnAccepted, TurnBegan, TurnEnded, TurnRejected,
+    EngineNotice,
+    ModelLoadFailed,
+    ModelLoadProgress,
+    ModelReady,
+    PrefillUpdated,
+    PreviewReady,
+    TokensStreamed,
+    TurnAccepted,
+    TurnBegan,
+    TurnEnded,
+    TurnRejected,
 )
 
 log = logging.getLogger(__name__)
@@ -57,8 +72,9 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.Event,
-             load_id: int = 0) -> None:
+def run_load(
+    host: EngineHost, profile: Profile, post: Post, cancel: threading.Event, load_id: int = 0
+) -> None:
     """Make and load an engine for `profile`, posting progress; errors become a message.
 
     A switch never leaves the user with less than they had: the new model's file is checked
@@ -91,8 +107,7 @@ def run_load(host: EngineHost, profile: Profile, post: Post, cancel: threading.E
             restored = None
             if previous is not None and not cancel.is_set():
                 restored = _reload_previous(host, previous, on_event, cancel)
-            post(ModelLoadFailed(_reason(exc), load_id, previous if restored else None,
-                                 restored))
+            post(ModelLoadFailed(_reason(exc), load_id, previous if restored else None, restored))
             return
     post(ModelReady(info, profile, load_id, thinking))
 
@@ -129,8 +144,14 @@ def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
     return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)]
 
 
-def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post,
-             cancel: threading.Event, is_cancelled: Callable[[], bool]) -> None:
+def run_turn(
+    host: EngineHost,
+    store: SessionStore,
+    req: TurnRequest,
+    post: Post,
+    cancel: threading.Event,
+    is_cancelled: Callable[[], bool],
+) -> None:
     """One turn, start to end. Every outcome ends in exactly one final message: `TurnRejected`
     (nothing was stored: the text goes back to the composer) or `TurnEnded` (the user's message
     is stored; the reply shows what was generated, saved or not)."""
@@ -140,11 +161,18 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
             post(TurnRejected("the model is not loaded", req.text, req.rewind))
             return
         try:
-            started = start_turn(store, engine, session=req.session, profile=req.profile,
-                                 text=req.text, rewind=req.rewind,
-                                 sampling=req.profile.sampling,
-                                 reasoning=req.reasoning_settings, cancel=cancel,
-                                 **req.turn_kwargs)
+            started = start_turn(
+                store,
+                engine,
+                session=req.session,
+                profile=req.profile,
+                text=req.text,
+                rewind=req.rewind,
+                sampling=req.profile.sampling,
+                reasoning=req.reasoning_settings,
+                cancel=cancel,
+                **req.turn_kwargs,
+            )
         except Exception as exc:  # nothing was stored (start_turn writes in one transaction)
             if not isinstance(exc, USER_ERRORS):
                 log.exception("a turn could not start")
@@ -157,12 +185,12 @@ def run_turn(host: EngineHost, store: SessionStore, req: TurnRequest, post: Post
 
 def _pacer(engine) -> StreamPacer:
     """Paces `TokensStreamed` by the UI thread's rendering cost (see `stream_pacer.py`)."""
-    return StreamPacer(threading.main_thread().ident,
-                       ui_has_own_core=usable_cores() > engine.ctx.n_threads)
+    return StreamPacer(threading.main_thread().ident, ui_has_own_core=usable_cores() > engine.ctx.n_threads)
 
 
-def _stream(engine, turn, events, post: Post, cancel: threading.Event,
-            is_cancelled: Callable[[], bool]) -> None:
+def _stream(
+    engine, turn, events, post: Post, cancel: threading.Event, is_cancelled: Callable[[], bool]
+) -> None:
     text = reasoning = ""
     n_tokens = n_reasoning = 0
     t_first = 0.0
@@ -184,8 +212,7 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                 n_reasoning += event.in_reasoning
                 pending, t_last = True, event.t
                 if pacer.due(event.t):
-                    post(TokensStreamed(text, n_tokens, t_first, event.t, reasoning,
-                                        n_reasoning))
+                    post(TokensStreamed(text, n_tokens, t_first, event.t, reasoning, n_reasoning))
                     pacer.posted(event.t)
                     pending = False
             elif isinstance(event, PrefillProgress):
@@ -198,8 +225,7 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
                 stats = event.stats
                 text, reasoning = event.text, event.reasoning  # with held-back text flushed
                 if pending:
-                    post(TokensStreamed(text, n_tokens, t_first, t_last, reasoning,
-                                        n_reasoning))
+                    post(TokensStreamed(text, n_tokens, t_first, t_last, reasoning, n_reasoning))
             elif isinstance(event, TurnFailed):
                 failed = event.reason
     except Exception as exc:  # record() already tried to mark the reply interrupted
@@ -208,8 +234,17 @@ def _stream(engine, turn, events, post: Post, cancel: threading.Event,
         failed = _reason(exc)
     # `text` is what the user saw stream: the stored row may lag (flushed once a second) or
     # not be writable at all (a store error).
-    post(TurnEnded(turn.reply, stats, failed, text=text, saved=turn.saved,
-                     save_error=turn.save_error, reasoning=reasoning))
+    post(
+        TurnEnded(
+            turn.reply,
+            stats,
+            failed,
+            text=text,
+            saved=turn.saved,
+            save_error=turn.save_error,
+            reasoning=reasoning,
+        )
+    )
 
 
 def _log_preview_failure(host: EngineHost, exc: BaseException) -> None:
@@ -229,12 +264,10 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         if engine is None or not host.loaded:
             return
         try:
-            preview = engine.preview(_conversation(store, req),
-                                     reasoning=req.reasoning_settings)
+            preview = engine.preview(_conversation(store, req), reasoning=req.reasoning_settings)
         except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
             _log_preview_failure(host, exc)
             preview = None
     finally:
         host.lock.release()
     post(PreviewReady(preview))
-

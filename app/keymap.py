@@ -31,34 +31,81 @@ ACTIONS: tuple[KeyAction, ...] = (
     KeyAction("chat.cancel", "escape", "cancel_turn", "Stop the reply", "chat"),
     KeyAction("chat.toggle_sidebar", "ctrl+b", "toggle_sidebar", "Sessions sidebar", "chat"),
     KeyAction("chat.toggle_panel", "ctrl+t", "toggle_panel", "Live panel", "chat"),
-    KeyAction("chat.focus_input", "ctrl+l", "focus_input", "Focus the input", "chat",
-              show=False),
-    KeyAction("chat.focus_filter", "ctrl+f", "focus_filter", "Filter sessions", "chat",
-              show=False, priority=True),
+    KeyAction("chat.focus_input", "ctrl+l", "focus_input", "Focus the input", "chat", show=False),
+    KeyAction(
+        "chat.focus_filter", "ctrl+f", "focus_filter", "Filter sessions", "chat", show=False, priority=True
+    ),
     KeyAction("session.new", "ctrl+n", "new_session", "New session", "chat"),
-    KeyAction("chat.regenerate", "ctrl+r", "regenerate", "Regenerate the last reply", "chat",
-              show=False),
-    KeyAction("chat.toggle_thinking", "ctrl+g", "toggle_thinking",
-              "Thinking on/off for the next turns", "chat", show=False),
-    KeyAction("session.switch_profile", "ctrl+o", "switch_profile",
-              "Switch this session's profile", "chat", show=False),
-    KeyAction("session.rename", "r", "screen.rename_session", "Rename session", "sessions",
-              palette_action="rename_session"),
-    KeyAction("session.delete", "d,delete", "screen.delete_session", "Delete session",
-              "sessions", palette_action="delete_session"),
-    KeyAction("session.fork", "f", "screen.fork_session", "Fork session", "sessions",
-              palette_action="fork_session"),
-    KeyAction("session.export", "e", "screen.export_session", "Export session (Markdown)",
-              "sessions", palette_action="export_session"),
-    KeyAction("message.copy", "c", "screen.copy_message", "Copy the message", "message",
-              palette_action="copy_message"),
-    KeyAction("message.copy_code", "y", "screen.copy_code", "Copy a code block (again: next)",
-              "message", palette_action="copy_code"),
-    KeyAction("message.toggle_thinking", "t", "toggle_thinking", "Show/hide reasoning",
-              "message", palette_action=None),
+    KeyAction("chat.regenerate", "ctrl+r", "regenerate", "Regenerate the last reply", "chat", show=False),
+    KeyAction(
+        "chat.toggle_thinking",
+        "ctrl+g",
+        "toggle_thinking",
+        "Thinking on/off for the next turns",
+        "chat",
+        show=False,
+    ),
+    KeyAction(
+        "session.switch_profile",
+        "ctrl+o",
+        "switch_profile",
+        "Switch this session's profile",
+        "chat",
+        show=False,
+    ),
+    KeyAction(
+        "session.rename",
+        "r",
+        "screen.rename_session",
+        "Rename session",
+        "sessions",
+        palette_action="rename_session",
+    ),
+    KeyAction(
+        "session.delete",
+        "d,delete",
+        "screen.delete_session",
+        "Delete session",
+        "sessions",
+        palette_action="delete_session",
+    ),
+    KeyAction(
+        "session.fork", "f", "screen.fork_session", "Fork session", "sessions", palette_action="fork_session"
+    ),
+    KeyAction(
+        "session.export",
+        "e",
+        "screen.export_session",
+        "Export session (Markdown)",
+        "sessions",
+        palette_action="export_session",
+    ),
+    KeyAction(
+        "message.copy",
+        "c",
+        "screen.copy_message",
+        "Copy the message",
+        "message",
+        palette_action="copy_message",
+    ),
+    KeyAction(
+        "message.copy_code",
+        "y",
+        "screen.copy_code",
+        "Copy a code block (again: next)",
+        "message",
+        palette_action="copy_code",
+    ),
+    KeyAction(
+        "message.toggle_thinking",
+        "t",
+        "toggle_thinking",
+        "Show/hide reasoning",
+        "message",
+        palette_action=None,
+    ),
     KeyAction("composer.send", "enter", "submit", "Send", "composer", priority=True),
-    KeyAction("composer.newline", "ctrl+j,alt+enter,shift+enter", "newline", "New line",
-              "composer"),
+    KeyAction("composer.newline", "ctrl+j,alt+enter,shift+enter", "newline", "New line", "composer"),
     KeyAction("settings.save", "ctrl+s", "save", "Save profile", "settings", priority=True),
     KeyAction("settings.save_as", "f3", "save_as", "Save as new profile", "settings"),
     KeyAction("settings.revert", "f4", "revert", "Revert edits", "settings"),
@@ -69,8 +116,12 @@ ACTIONS: tuple[KeyAction, ...] = (
 
 BY_ID = {a.id: a for a in ACTIONS}
 SCOPE_TITLES = {
-    "app": "Anywhere", "chat": "Chat screen", "sessions": "Session list (focused)",
-    "message": "A message (focused)", "composer": "Input", "settings": "Settings screen",
+    "app": "Anywhere",
+    "chat": "Chat screen",
+    "sessions": "Session list (focused)",
+    "message": "A message (focused)",
+    "composer": "Input",
+    "settings": "Settings screen",
 }
 
 
@@ -78,7 +129,8 @@ def bindings(scope: str) -> list[Binding]:
     """The Textual bindings of one scope, with ids so a keymap can rebind them."""
     return [
         Binding(a.key, a.action, a.description, show=a.show, priority=a.priority, id=a.id)
-        for a in ACTIONS if a.scope == scope
+        for a in ACTIONS
+        if a.scope == scope
     ]
 
 

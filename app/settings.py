@@ -39,7 +39,7 @@ def load_app_settings(path: Path | None = None) -> AppSettings:
         if key not in BY_ID:
             problems.append(f"{path.name}: unknown binding id keymap.{key}")
         elif not isinstance(value, str) or not value.strip():
-            problems.append(f"{path.name}: keymap.{key} must be a key string like \"ctrl+g\"")
+            problems.append(f'{path.name}: keymap.{key} must be a key string like "ctrl+g"')
         else:
             keymap[key] = value.strip()
     return AppSettings(keymap=keymap, problems=tuple(problems))

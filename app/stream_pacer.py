@@ -22,8 +22,9 @@ class StreamPacer:
     def __init__(self, ui_thread_id: int | None, *, ui_has_own_core: bool) -> None:
         self.share = 0.5 if ui_has_own_core else 0.03
         try:
-            self._clock: int | None = (time.pthread_getcpuclockid(ui_thread_id)
-                                       if ui_thread_id is not None else None)
+            self._clock: int | None = (
+                time.pthread_getcpuclockid(ui_thread_id) if ui_thread_id is not None else None
+            )
             self._cpu = time.clock_gettime(self._clock) if self._clock is not None else 0.0
         except (OSError, AttributeError):  # no per-thread CPU clock: fixed rate
             self._clock = None

@@ -65,8 +65,11 @@ def load_cpu_gather() -> tuple[Callable[..., None], Callable[..., None]]:
         raise RuntimeError("the stock-pattern baseline needs a C compiler (cc/gcc)")
     d = Path(tempfile.mkdtemp(prefix="ple_cpu_gather_"))
     (d / "g.c").write_text(C_SOURCE)
-    subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                    str(d / "g.c"), "-o", str(d / "g.so")], check=True, capture_output=True)
+    subprocess.run(
+        [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(d / "g.c"), "-o", str(d / "g.so")],
+        check=True,
+        capture_output=True,
+    )
     lib = ctypes.CDLL(str(d / "g.so"))
     vp, ll = ctypes.c_void_p, ctypes.c_longlong
     lib.gather_iq4_nl.argtypes = [vp, ll, ctypes.c_int, vp, ll, vp]

@@ -70,8 +70,12 @@ def make_table(path: Path, n_rows: int) -> None:
 
 def stats(samples_ns: list[int]) -> dict[str, float]:
     a = np.asarray(samples_ns, dtype=np.float64) / 1e3
-    return {"median": round(float(np.median(a)), 2), "p10": round(float(np.percentile(a, 10)), 2),
-            "p90": round(float(np.percentile(a, 90)), 2), "n": int(a.size)}
+    return {
+        "median": round(float(np.median(a)), 2),
+        "p10": round(float(np.percentile(a, 10)), 2),
+        "p90": round(float(np.percentile(a, 90)), 2),
+        "n": int(a.size),
+    }
 
 
 def timeit(fn: Callable[[int], None], iters: int, warmup: int) -> dict[str, float]:
@@ -168,10 +172,14 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
         memcpy(raw_dev_p, raw_pin_p, n_out * rb, 1, sp)
 
     # GPU hash from the token ids of one sequence; 16 heads (n-gram orders 2..5) over the table
-    spec = PleHashSpec(ngram_size=5, heads_per_ngram=4, eos_token_id=0,
-                       layer_multipliers=tuple(int(x) for x in rng.integers(1, 2**63, size=5)),
-                       head_offsets=tuple(h * (n_rows // 16) for h in range(16)),
-                       head_vocab_sizes=(n_rows // 16,) * 16)
+    spec = PleHashSpec(
+        ngram_size=5,
+        heads_per_ngram=4,
+        eos_token_id=0,
+        layer_multipliers=tuple(int(x) for x in rng.integers(1, 2**63, size=5)),
+        head_offsets=tuple(h * (n_rows // 16) for h in range(16)),
+        head_vocab_sizes=(n_rows // 16,) * 16,
+    )
     n_seq = n_tokens + spec.n_prev
     tok_sets = rng.integers(1, 150_000, size=(n_sets, n_seq)).astype(np.int32)
     tok_pinned = cupyx.empty_pinned(n_seq, dtype=np.int32)
@@ -192,6 +200,7 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
                 feed(i)
             g.launch(s)
             s.synchronize()
+
         return run
 
     def a_stock_graph(i: int) -> None:
@@ -204,26 +213,36 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     bits = ref.view(np.uint32)
     a_stock(0)
     assert np.array_equal(out.get().view(np.uint32), bits), "stock path != reference"
-    for name, fn in (("b_inplace", b_inplace), ("b_inplace_copy_ids", b_inplace_copy_ids),
-                     ("b_staged", b_staged), ("c_graph", graph_run(g_inplace, feed_idx)),
-                     ("c_graph_copy_ids", graph_run(g_copy_ids, feed_idx)),
-                     ("c_graph_staged", graph_run(g_staged, feed_raw))):
+    for name, fn in (
+        ("b_inplace", b_inplace),
+        ("b_inplace_copy_ids", b_inplace_copy_ids),
+        ("b_staged", b_staged),
+        ("c_graph", graph_run(g_inplace, feed_idx)),
+        ("c_graph_copy_ids", graph_run(g_copy_ids, feed_idx)),
+        ("c_graph_staged", graph_run(g_staged, feed_raw)),
+    ):
         out.fill(0)
         fn(0)
         assert np.array_equal(out.get().view(np.uint32), bits), f"{name} != reference"
     graph_run(g_hash, feed_tok)(3)
-    want = gather_dequant(host, gtype, ROW_DIM,
-                          ple_rows(spec, tok_sets[3][spec.n_prev:], tok_sets[3][: spec.n_prev]))
+    want = gather_dequant(
+        host, gtype, ROW_DIM, ple_rows(spec, tok_sets[3][spec.n_prev :], tok_sets[3][: spec.n_prev])
+    )
     assert np.array_equal(out.get().view(np.uint32), want.view(np.uint32)), "c_graph_hash != reference"
 
     warm = max(20, iters // 10)
-    res: dict[str, Any] = {"n_tokens": n_tokens, "rows": n_out, "bytes_gathered": n_out * rb,
-                           "bytes_out_f32": nbytes_out}
+    res: dict[str, Any] = {
+        "n_tokens": n_tokens,
+        "rows": n_out,
+        "bytes_gathered": n_out * rb,
+        "bytes_out_f32": nbytes_out,
+    }
     timed = {
         "a_stock": a_stock,
         "a_stock_pageable_dst": lambda i: a_stock(i, page_out_p),
-        "a_cpu_gather_only":
-            lambda i: gather_c(host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, pin_out_p),
+        "a_cpu_gather_only": lambda i: gather_c(
+            host_ptr, rb, ROW_DIM, row_ptrs[i % n_sets], n_out, pin_out_p
+        ),
         "b_inplace": b_inplace,
         "b_inplace_copy_ids": b_inplace_copy_ids,
         "b_staged": b_staged,
@@ -265,8 +284,9 @@ def kernel_times(
     res: dict[str, Any] = {}
     for name, (ptr, span) in cases.items():
         ids = cupy.asarray(rng.integers(0, span, size=(reps, n_out)).astype(np.int32))
-        plans = [GatherLaunch(ptr, span, table.ggml_type, ROW_DIM, ids[k], n_out, out, err)
-                 for k in range(reps)]
+        plans = [
+            GatherLaunch(ptr, span, table.ggml_type, ROW_DIM, ids[k], n_out, out, err) for k in range(reps)
+        ]
         s.begin_capture()
         for p in plans:
             p(s.ptr)
@@ -293,8 +313,9 @@ def calibrate(iters: int) -> dict[str, Any]:
     s = cupy.cuda.Stream(non_blocking=True)
     x, y = cupy.zeros(256, cupy.float32), cupy.zeros(1, cupy.float32)
     k, args = kernel("dummy_consumer"), (x, np.int64(256), y)
-    prepared = _Launch("dummy_consumer", 256, [ctypes.c_uint64(x.data.ptr), ctypes.c_int64(256),
-                                               ctypes.c_uint64(y.data.ptr)])
+    prepared = _Launch(
+        "dummy_consumer", 256, [ctypes.c_uint64(x.data.ptr), ctypes.c_int64(256), ctypes.c_uint64(y.data.ptr)]
+    )
 
     def cupy_launch_sync(i: int) -> None:
         k((1,), (256,), args, stream=s)
@@ -304,9 +325,11 @@ def calibrate(iters: int) -> dict[str, Any]:
         prepared(s.ptr)
         s.synchronize()
 
-    return {"sync_idle_stream": timeit(lambda i: s.synchronize(), iters, 50),
-            "tiny_kernel_cupy_launch_and_sync": timeit(cupy_launch_sync, iters, 50),
-            "tiny_kernel_prepared_launch_and_sync": timeit(ctypes_launch_sync, iters, 50)}
+    return {
+        "sync_idle_stream": timeit(lambda i: s.synchronize(), iters, 50),
+        "tiny_kernel_cupy_launch_and_sync": timeit(cupy_launch_sync, iters, 50),
+        "tiny_kernel_prepared_launch_and_sync": timeit(ctypes_launch_sync, iters, 50),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -329,14 +352,24 @@ def main(argv: list[str] | None = None) -> int:
     from velo_chat.kernels.ple_table import PleTable
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
-    result: dict[str, Any] = {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                              "cupy": cupy.__version__, "cpu_gather_impl": "c-openmp",
-                              "cpu_threads": os.cpu_count()}
+    result: dict[str, Any] = {
+        "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "cupy": cupy.__version__,
+        "cpu_gather_impl": "c-openmp",
+        "cpu_threads": os.cpu_count(),
+    }
     try:
         result["nvidia_smi"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,"
-             "pcie.link.width.current", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20).stdout.strip()
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,"
+                "pcie.link.width.current",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     t0 = time.perf_counter()

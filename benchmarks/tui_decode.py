@@ -52,9 +52,24 @@ def cli_bench_decode(tokens: int, repeats: int) -> float:
     import subprocess
 
     proc = subprocess.run(
-        [sys.executable, "-m", "velo_chat.app.cli", "bench", "--json", "--no-resume",
-         "--prefill-sizes", "64", "--decode-tokens", str(tokens), "--repeats", str(repeats)],
-        capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            "-m",
+            "velo_chat.app.cli",
+            "bench",
+            "--json",
+            "--no-resume",
+            "--prefill-sizes",
+            "64",
+            "--decode-tokens",
+            str(tokens),
+            "--repeats",
+            str(repeats),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(json.loads(proc.stdout)["decode"]["tok_s"])
 
 
@@ -69,15 +84,23 @@ async def main(args: argparse.Namespace) -> dict:
     from velo_chat.store import SessionStore
 
     model = default_model.require_default_model()
-    profile = build_profile("bench", {
-        "model": {"path": str(model)},
-        "context": {"n_ctx": 2048, "n_threads": args.threads},
-        "sampling": {"temperature": 0.0, "max_tokens": args.tokens},
-    })
+    profile = build_profile(
+        "bench",
+        {
+            "model": {"path": str(model)},
+            "context": {"n_ctx": 2048, "n_threads": args.threads},
+            "sampling": {"temperature": 0.0, "max_tokens": args.tokens},
+        },
+    )
     home = Path(tempfile.mkdtemp(prefix="velo-tui-bench-"))
     store = SessionStore(home / "sessions.db")
-    app = make_app(profile, store=store, settings=AppSettings(), memory_interval=2.0,
-                   turn_kwargs={"ignore_eos": True, "max_tokens": args.tokens})
+    app = make_app(
+        profile,
+        store=store,
+        settings=AppSettings(),
+        memory_interval=2.0,
+        turn_kwargs={"ignore_eos": True, "max_tokens": args.tokens},
+    )
     headless_engine = Engine(profile)
     headless_engine.load()
     prompt = "Write a long story about a lighthouse keeper."
@@ -100,13 +123,20 @@ async def main(args: argparse.Namespace) -> dict:
     cli = cli_bench_decode(args.tokens, args.repeats)
     t_med, h_med = statistics.median(tui), statistics.median(headless)
     return {
-        "benchmark": "tui_decode", "model": model.name, "decode_tokens": args.tokens,
-        "repeats": args.repeats, "n_threads": args.threads, "cpus": os.cpu_count(),
+        "benchmark": "tui_decode",
+        "model": model.name,
+        "decode_tokens": args.tokens,
+        "repeats": args.repeats,
+        "n_threads": args.threads,
+        "cpus": os.cpu_count(),
         "tui_decode_tok_s": [round(x, 1) for x in tui],
         "headless_decode_tok_s": [round(x, 1) for x in headless],
-        "tui_median": round(t_med, 1), "headless_median": round(h_med, 1),
-        "ratio": round(t_med / h_med, 3), "target": 0.95,
-        "cli_bench_decode_tok_s": cli, "ratio_vs_cli_bench": round(t_med / cli, 3),
+        "tui_median": round(t_med, 1),
+        "headless_median": round(h_med, 1),
+        "ratio": round(t_med / h_med, 3),
+        "target": 0.95,
+        "cli_bench_decode_tok_s": cli,
+        "ratio_vs_cli_bench": round(t_med / cli, 3),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 

@@ -19,15 +19,13 @@ from typing import BinaryIO
 from .locations import PRIVATE_FILE_MODE
 
 
-def atomic_write(target: Path, write: Callable[[BinaryIO], None], *,
-                 sync_dir: bool = False) -> Path:
+def atomic_write(target: Path, write: Callable[[BinaryIO], None], *, sync_dir: bool = False) -> Path:
     """Call `write(fh)` on a temp file beside `target`, then put it in place atomically.
 
     If `write` raises, the temp file is removed and `target` is left as it was. The temp name
     carries the pid, so a cleaner can tell a dead writer's leftovers from a live one's."""
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.{os.getpid()}.",
-                               suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), PRIVATE_FILE_MODE)

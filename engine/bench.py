@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from .bench_load import (
-    busy_processes, format_load_lines, load_section, measure_load, threads_section,
+    busy_processes,
+    format_load_lines,
+    load_section,
+    measure_load,
+    threads_section,
 )
 from . import bench_session
 from .bench_resume import run_resume_bench
@@ -63,16 +67,22 @@ def conversation_of(engine: Engine, n_tokens: int) -> list[ChatMessage]:
     return [ChatMessage("user", FILLER * reps)]
 
 
-def decode_section(engine: Engine, messages: list[ChatMessage], *, decode_tokens: int,
-                   repeats: int, note: Callable[[str], None], label: str = "") -> dict[str, Any]:
+def decode_section(
+    engine: Engine,
+    messages: list[ChatMessage],
+    *,
+    decode_tokens: int,
+    repeats: int,
+    note: Callable[[str], None],
+    label: str = "",
+) -> dict[str, Any]:
     """Decode `decode_tokens` greedy tokens `repeats` times from a fresh context."""
     runs = []
     with measure_load() as load:
         for i in range(repeats):
             engine.reset()
             note(f"decode {decode_tokens} tokens{label} (run {i + 1}/{repeats})")
-            runs.append(engine.complete(messages, max_tokens=decode_tokens,
-                                        ignore_eos=True).stats)
+            runs.append(engine.complete(messages, max_tokens=decode_tokens, ignore_eos=True).stats)
     assert engine.ctx is not None
     ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
     best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
@@ -92,11 +102,19 @@ def decode_section(engine: Engine, messages: list[ChatMessage], *, decode_tokens
     }
 
 
-def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFILL_SIZES,
-              decode_tokens: int = 256, repeats: int = 3, resume_tokens: int = 0,
-              load: int = 0, load_same_session: bool = False,
-              thread_counts: tuple[int, ...] = (),
-              on_progress: Callable[[str], None] | None = None) -> BenchResult:
+def run_bench(
+    engine: Engine,
+    *,
+    profile_name: str,
+    prefill_sizes=DEFAULT_PREFILL_SIZES,
+    decode_tokens: int = 256,
+    repeats: int = 3,
+    resume_tokens: int = 0,
+    load: int = 0,
+    load_same_session: bool = False,
+    thread_counts: tuple[int, ...] = (),
+    on_progress: Callable[[str], None] | None = None,
+) -> BenchResult:
     """Run every section. `thread_counts`: decode again with each fixed count (the threads
     section); `load`: decode again beside that many busy processes (the load section, with the
     fixed counts too; `load_same_session` starts them as this process's children, see
@@ -107,13 +125,25 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
     assert model is not None and ctx is not None, "load the engine first"
     plan = ctx.thread_plan
     result = BenchResult(
-        model=str(engine.model_path.name), architecture=model.architecture, profile=profile_name,
-        n_ctx=ctx.n_ctx, n_threads=ctx.n_threads, hybrid=model.hybrid,
+        model=str(engine.model_path.name),
+        architecture=model.architecture,
+        profile=profile_name,
+        n_ctx=ctx.n_ctx,
+        n_threads=ctx.n_threads,
+        hybrid=model.hybrid,
         machine=f"{platform.machine()} {platform.system()}",
-        threads={"decode": plan.decode, "prefill": plan.batch, "n_threads": plan.decode_setting,
-                 "n_threads_batch": plan.batch_setting, "gpu_resident": plan.gpu_resident,
-                 "cores": plan.cores, "adapt": plan.adapt, "pool": plan.pool, "poll": plan.poll,
-                 "plan": plan.describe()},
+        threads={
+            "decode": plan.decode,
+            "prefill": plan.batch,
+            "n_threads": plan.decode_setting,
+            "n_threads_batch": plan.batch_setting,
+            "gpu_resident": plan.gpu_resident,
+            "cores": plan.cores,
+            "adapt": plan.adapt,
+            "pool": plan.pool,
+            "poll": plan.poll,
+            "plan": plan.describe(),
+        },
     )
     room = ctx.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
@@ -124,26 +154,29 @@ def run_bench(engine: Engine, *, profile_name: str, prefill_sizes=DEFAULT_PREFIL
             engine.reset()
             note(f"prefill {size} tokens")
             stats = engine.complete(messages, max_tokens=1).stats
-            result.prefill.append({
-                "tokens": stats.prefill_tokens, "tok_s": round(stats.prefill_tok_s, 1),
-                "ttft_s": round(stats.ttft_s, 4),
-                "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
-            })
+            result.prefill.append(
+                {
+                    "tokens": stats.prefill_tokens,
+                    "tok_s": round(stats.prefill_tok_s, 1),
+                    "ttft_s": round(stats.ttft_s, 4),
+                    "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
+                }
+            )
         messages = conversation_of(engine, min(128, room))
 
         def decode(label: str = "") -> dict[str, Any]:
-            return decode_section(engine, messages, decode_tokens=decode_tokens,
-                                  repeats=repeats, note=note, label=label)
+            return decode_section(
+                engine, messages, decode_tokens=decode_tokens, repeats=repeats, note=note, label=label
+            )
 
         result.decode = decode()
         if thread_counts:
-            result.sections["threads"] = threads_section(engine, decode, thread_counts,
-                                                         auto=result.decode)
+            result.sections["threads"] = threads_section(engine, decode, thread_counts, auto=result.decode)
         if load > 0:
             with busy_processes(load, same_session=load_same_session):
-                result.sections["load"] = load_section(engine, decode, load, thread_counts,
-                                                       idle=result,
-                                                       same_session=load_same_session)
+                result.sections["load"] = load_section(
+                    engine, decode, load, thread_counts, idle=result, same_session=load_same_session
+                )
     engine.reset()
     if resume_tokens > 0:
         with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:

@@ -36,16 +36,17 @@ log = logging.getLogger(__name__)
 
 BUSY_LOOP = "while True: pass"
 # The leader of a separate session: starts the busy loops, then waits to be killed with them.
-LEADER = ("import subprocess, sys, time\n"
-          "procs = [subprocess.Popen([sys.executable, '-S', '-c', sys.argv[2]])\n"
-          "         for _ in range(int(sys.argv[1]))]\n"
-          "time.sleep(1e9)\n")
+LEADER = (
+    "import subprocess, sys, time\n"
+    "procs = [subprocess.Popen([sys.executable, '-S', '-c', sys.argv[2]])\n"
+    "         for _ in range(int(sys.argv[1]))]\n"
+    "time.sleep(1e9)\n"
+)
 Decode = Callable[[str], dict[str, Any]]
 
 
 @contextlib.contextmanager
-def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0
-                   ) -> Iterator[None]:
+def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0) -> Iterator[None]:
     """`n` processes that keep one core each busy until the block ends, then are killed: in a
     session (and process group) of their own, or as this process's children."""
     procs: list[subprocess.Popen] = []
@@ -55,8 +56,11 @@ def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0
             for _ in range(n):
                 procs.append(subprocess.Popen([sys.executable, "-S", "-c", BUSY_LOOP], **quiet))
         elif n:
-            procs.append(subprocess.Popen([sys.executable, "-S", "-c", LEADER, str(n),
-                                           BUSY_LOOP], start_new_session=True, **quiet))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-S", "-c", LEADER, str(n), BUSY_LOOP], start_new_session=True, **quiet
+                )
+            )
         time.sleep(settle_s)  # let them start spinning before anything is timed
         yield
     finally:
@@ -87,12 +91,15 @@ def measure_load() -> Iterator[dict[str, Any]]:
 
 
 def _row(n: int, d: dict[str, Any]) -> dict[str, Any]:
-    return {"decode_threads": n, "tok_s": d["tok_s"], "tok_s_runs": d["tok_s_runs"],
-            "other_cores": d["other_cores"]}
+    return {
+        "decode_threads": n,
+        "tok_s": d["tok_s"],
+        "tok_s_runs": d["tok_s_runs"],
+        "other_cores": d["other_cores"],
+    }
 
 
-def _fixed(engine: Engine, decode: Decode, counts: tuple[int, ...], where: str
-           ) -> list[dict[str, Any]]:
+def _fixed(engine: Engine, decode: Decode, counts: tuple[int, ...], where: str) -> list[dict[str, Any]]:
     assert engine.ctx is not None
     rows = []
     for n in counts:
@@ -102,16 +109,27 @@ def _fixed(engine: Engine, decode: Decode, counts: tuple[int, ...], where: str
     return rows
 
 
-def threads_section(engine: Engine, decode: Decode, counts: tuple[int, ...],
-                    *, auto: dict[str, Any]) -> dict[str, Any]:
+def threads_section(
+    engine: Engine, decode: Decode, counts: tuple[int, ...], *, auto: dict[str, Any]
+) -> dict[str, Any]:
     rows = _fixed(engine, decode, counts, "")
     best = max(rows, key=lambda r: r["tok_s"])
-    return {"fixed": rows, "best_fixed": best["decode_threads"],
-            "auto_over_best": round(auto["tok_s"] / best["tok_s"], 3) if best["tok_s"] else None}
+    return {
+        "fixed": rows,
+        "best_fixed": best["decode_threads"],
+        "auto_over_best": round(auto["tok_s"] / best["tok_s"], 3) if best["tok_s"] else None,
+    }
 
 
-def load_section(engine: Engine, decode: Decode, n_busy: int, counts: tuple[int, ...], *,
-                 idle: BenchResult, same_session: bool = False) -> dict[str, Any]:
+def load_section(
+    engine: Engine,
+    decode: Decode,
+    n_busy: int,
+    counts: tuple[int, ...],
+    *,
+    idle: BenchResult,
+    same_session: bool = False,
+) -> dict[str, Any]:
     """Run inside `busy_processes(n_busy)`."""
     loaded = decode(f" beside {n_busy} busy processes")
     base = idle.decode["tok_s"]
@@ -143,8 +161,9 @@ def format_load_lines(result: BenchResult) -> list[str]:
     t = result.sections.get("threads")
     if t:
         lines += ["", "threads   decode tok/s with fixed thread counts (same run):"]
-        lines += [f"          {r['decode_threads']:>3}: {r['tok_s']:>10,.1f}   ({_runs(r)})"
-                  for r in t["fixed"]]
+        lines += [
+            f"          {r['decode_threads']:>3}: {r['tok_s']:>10,.1f}   ({_runs(r)})" for r in t["fixed"]
+        ]
         lines.append(f"          auto / best fixed ({t['best_fixed']}) = {t['auto_over_best']:.3f}")
     ld = result.sections.get("load")
     if ld:
@@ -156,6 +175,9 @@ def format_load_lines(result: BenchResult) -> list[str]:
             f"tok/s = {ld['over_idle']:.3f} x idle (worst run {ld['worst_run_over_idle']:.3f})",
             f"          {_runs(x)}; threads at the end {x['threads_after'][0]}",
         ]
-        lines += [f"          {r['decode_threads']:>3} fixed: {r['tok_s']:>10,.1f} = "
-                  f"{r['over_idle']:.3f} x idle ({_runs(r)})" for r in ld.get("fixed", [])]
+        lines += [
+            f"          {r['decode_threads']:>3} fixed: {r['tok_s']:>10,.1f} = "
+            f"{r['over_idle']:.3f} x idle ({_runs(r)})"
+            for r in ld.get("fixed", [])
+        ]
     return lines

@@ -52,16 +52,22 @@ def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> 
         largest = max(probe_root.glob(f"*/*{cf.SUFFIX}"), key=lambda p: p.stat().st_size)
         header, _, _ = cf.read_header(largest)
         file_bytes = largest.stat().st_size
-        profile = dataclasses.replace(engine.profile, checkpoints=dataclasses.replace(
-            engine.profile.checkpoints, enabled=True))
+        profile = dataclasses.replace(
+            engine.profile, checkpoints=dataclasses.replace(engine.profile.checkpoints, enabled=True)
+        )
         model_path = str(engine.model_path)
         engine.close()
         probe = subprocess.run(
             [sys.executable, "-m", "velo_chat.engine.resume_probe", str(probe_root), model_path],
-            input=json.dumps({"profile_toml": profile_to_toml(profile),
-                              "messages": [{"role": m.role, "content": m.content}
-                                           for m in follow]}),
-            capture_output=True, text=True, timeout=3600,
+            input=json.dumps(
+                {
+                    "profile_toml": profile_to_toml(profile),
+                    "messages": [{"role": m.role, "content": m.content} for m in follow],
+                }
+            ),
+            capture_output=True,
+            text=True,
+            timeout=3600,
         )
         if probe.returncode != 0:
             raise RuntimeError(f"resume probe failed: {probe.stderr.strip()[-500:]}")

@@ -29,8 +29,10 @@ from .chat_template import ChatMessage
 from .engine import Engine
 from .profiles import profile_to_toml
 
-FOLLOW_UPS = ("Which of those points matters most, and why?",
-              "Now summarize the whole discussion in one sentence.")
+FOLLOW_UPS = (
+    "Which of those points matters most, and why?",
+    "Now summarize the whole discussion in one sentence.",
+)
 
 
 @dataclass
@@ -44,8 +46,7 @@ class SessionBench:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 64
-            ) -> SessionBench:
+def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 64) -> SessionBench:
     """Run turns 1 and 2 (checkpoints on), then turn 3 warm and cold, with `engine`."""
     from .bench import conversation_of
     from .turn_runner import follow_up_prefix
@@ -59,51 +60,70 @@ def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 6
         for question in FOLLOW_UPS:
             done = engine.complete(messages, max_tokens=reply_tokens, ignore_eos=True)
             history = tuple(messages)
-            messages = [*messages, ChatMessage("assistant", done.text, done.reasoning),
-                        ChatMessage("user", question)]
+            messages = [
+                *messages,
+                ChatMessage("assistant", done.text, done.reasoning),
+                ChatMessage("user", question),
+            ]
         engine.flush_checkpoints()
         shutil.copytree(root, files)  # as when the user types the third question
-        history_tokens = len(follow_up_prefix(engine, history, done.text,
-                                              reasoning=done.reasoning))
+        history_tokens = len(follow_up_prefix(engine, history, done.text, reasoning=done.reasoning))
         warm = engine.complete(messages, max_tokens=1).stats
     engine.reset()
     with engine.checkpoints_at(None):
         cold = engine.complete(messages, max_tokens=1).stats
     engine.reset()
-    profile = replace(engine.profile, checkpoints=replace(engine.profile.checkpoints,
-                                                          enabled=True))
+    profile = replace(engine.profile, checkpoints=replace(engine.profile.checkpoints, enabled=True))
     return SessionBench(
-        str(engine.model_path), profile_to_toml(profile), files, messages,
-        {"turns": 3, "conversation_tokens": cold.prompt_tokens,
-         "history_tokens": history_tokens, "reply_tokens": reply_tokens,
-         "cold_ttft_s": round(cold.ttft_s, 4), "warm_ttft_s": round(warm.ttft_s, 4),
-         "warm_cached_tokens": warm.cached_tokens})
+        str(engine.model_path),
+        profile_to_toml(profile),
+        files,
+        messages,
+        {
+            "turns": 3,
+            "conversation_tokens": cold.prompt_tokens,
+            "history_tokens": history_tokens,
+            "reply_tokens": reply_tokens,
+            "cold_ttft_s": round(cold.ttft_s, 4),
+            "warm_ttft_s": round(warm.ttft_s, 4),
+            "warm_cached_tokens": warm.cached_tokens,
+        },
+    )
 
 
 def probe(session: SessionBench) -> dict[str, Any]:
     """Turn 3 in a fresh process on the files of turns 1 and 2 (the engine must be closed)."""
     run = subprocess.run(
-        [sys.executable, "-m", "velo_chat.engine.resume_probe", str(session.files),
-         session.model_path],
-        input=json.dumps({"profile_toml": session.profile_toml,
-                          "messages": [{"role": m.role, "content": m.content,
-                                        "reasoning_content": m.reasoning_content}
-                                       for m in session.messages]}),
-        capture_output=True, text=True, timeout=3600,
+        [sys.executable, "-m", "velo_chat.engine.resume_probe", str(session.files), session.model_path],
+        input=json.dumps(
+            {
+                "profile_toml": session.profile_toml,
+                "messages": [
+                    {"role": m.role, "content": m.content, "reasoning_content": m.reasoning_content}
+                    for m in session.messages
+                ],
+            }
+        ),
+        capture_output=True,
+        text=True,
+        timeout=3600,
     )
     if run.returncode != 0:
         raise RuntimeError(f"resume probe failed: {run.stderr.strip()[-500:]}")
     disk = json.loads(run.stdout)
     r = dict(session.result)
-    r.update({
-        "disk_ttft_s": round(disk["ttft_s"], 4),
-        "disk_source": disk["checkpoint"]["source"],
-        "disk_cached_tokens": disk["cached_tokens"],
-        "disk_restore_s": disk["checkpoint"]["restore_s"],
-        "history_reused": round(min(disk["cached_tokens"], r["history_tokens"])
-                                / max(r["history_tokens"], 1), 4),
-        "cold_over_disk": round(r["cold_ttft_s"] / disk["ttft_s"], 2) if disk["ttft_s"] else None,
-    })
+    r.update(
+        {
+            "disk_ttft_s": round(disk["ttft_s"], 4),
+            "disk_source": disk["checkpoint"]["source"],
+            "disk_cached_tokens": disk["cached_tokens"],
+            "disk_restore_s": disk["checkpoint"]["restore_s"],
+            "history_reused": round(
+                min(disk["cached_tokens"], r["history_tokens"]) / max(r["history_tokens"], 1), 4
+            ),
+            "cold_over_disk": round(r["cold_ttft_s"] / disk["ttft_s"], 2) if disk["ttft_s"] else None,
+        }
+    )
     return r
 
 

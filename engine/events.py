@@ -117,8 +117,7 @@ class TurnStats:
             "checkpoint": dict(self.checkpoint),
             "reasoning_tokens": self.reasoning_tokens,
             "answer_tokens": self.answer_tokens,
-            "first_answer_s": None if self.first_answer_s is None
-            else round(self.first_answer_s, 4),
+            "first_answer_s": None if self.first_answer_s is None else round(self.first_answer_s, 4),
         }
 
 
@@ -137,6 +136,13 @@ class TurnFailed:
 
 
 EngineEvent = (
-    ModelLoading | ModelLoaded | TurnStarted | PrefillProgress | TokenDelta | EngineWarning
-    | CheckpointSaved | TurnDone | TurnFailed
+    ModelLoading
+    | ModelLoaded
+    | TurnStarted
+    | PrefillProgress
+    | TokenDelta
+    | EngineWarning
+    | CheckpointSaved
+    | TurnDone
+    | TurnFailed
 )

@@ -19,18 +19,41 @@ GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
 # GGUF metadata value types -> struct format (scalars).
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
-            12: "d"}
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 
 # ggml type -> (values per block, bytes per block), for the data-size check. Types missing here
 # are skipped by the check (their offsets are still checked against the file size).
 GGML_BLOCK = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
-    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
-    15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
-    21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
-    27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    9: (32, 36),
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+    15: (256, 292),
+    16: (256, 66),
+    17: (256, 74),
+    18: (256, 98),
+    19: (256, 50),
+    20: (32, 18),
+    21: (256, 110),
+    22: (256, 82),
+    23: (256, 136),
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),
+    28: (1, 8),
+    29: (256, 56),
+    30: (1, 2),
 }
 
 
@@ -143,8 +166,7 @@ def read_header(path: Path, *, keep_arrays: bool = False) -> GGUFHeader:
     digest.update(str(size).encode())
     align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT) or DEFAULT_ALIGNMENT)
     data_offset = (header_end + align - 1) // align * align
-    header = GGUFHeader(path, version, metadata, tuple(tensors), data_offset, size,
-                        digest.hexdigest())
+    header = GGUFHeader(path, version, metadata, tuple(tensors), data_offset, size, digest.hexdigest())
     _check_data_size(header)
     return header
 
@@ -191,15 +213,17 @@ def shard_paths(header: GGUFHeader) -> list[Path]:
     name = header.path.name
     postfix = f"-{no + 1:05d}-of-{count:05d}.gguf"
     if not name.endswith(postfix):
-        raise GGUFError(f"{header.path} is shard {no + 1} of {count} of a split model, but not "
-                        f"named like one (…{postfix})")
-    prefix = name[:-len(postfix)]
+        raise GGUFError(
+            f"{header.path} is shard {no + 1} of {count} of a split model, but not "
+            f"named like one (…{postfix})"
+        )
+    prefix = name[: -len(postfix)]
     first = header.path.with_name(f"{prefix}-00001-of-{count:05d}.gguf")
     if no != 0:
-        raise GGUFError(f"{header.path} is shard {no + 1} of {count} of a split model; "
-                        f"load its first shard, {first.name}")
-    return [header.path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf")
-            for i in range(1, count + 1)]
+        raise GGUFError(
+            f"{header.path} is shard {no + 1} of {count} of a split model; load its first shard, {first.name}"
+        )
+    return [header.path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
 def _shard_header(path: Path, index: int, count: int) -> GGUFHeader:
@@ -208,8 +232,10 @@ def _shard_header(path: Path, index: int, count: int) -> GGUFHeader:
     header = read_header(path)
     no = int(header.metadata.get("split.no", -1))
     if no != index or int(header.metadata.get("split.count", 0) or 0) != count:
-        raise GGUFError(f"{path} is shard {no + 1} of {header.metadata.get('split.count')}, "
-                        f"expected shard {index + 1} of {count}")
+        raise GGUFError(
+            f"{path} is shard {no + 1} of {header.metadata.get('split.count')}, "
+            f"expected shard {index + 1} of {count}"
+        )
     return header
 
 
@@ -221,11 +247,17 @@ def _data_samples(header: GGUFHeader, digest: Any) -> None:
     About 1 MiB plus one page per tensor, whatever the size of the file."""
     start, end = header.data_offset, header.file_size
     span = max(0, end - start)
-    offsets = sorted({start + (span - SAMPLE_BYTES) * k // (SAMPLE_BLOCKS - 1)
-                      for k in range(SAMPLE_BLOCKS)}) if span > SAMPLE_BYTES else [start]
+    offsets = (
+        sorted({start + (span - SAMPLE_BYTES) * k // (SAMPLE_BLOCKS - 1) for k in range(SAMPLE_BLOCKS)})
+        if span > SAMPLE_BYTES
+        else [start]
+    )
     reads = [(off, min(SAMPLE_BYTES, end - off)) for off in offsets]
-    reads += [(start + t.offset, min(TENSOR_SAMPLE_BYTES, end - start - t.offset))
-              for t in header.tensors if t.offset < span]
+    reads += [
+        (start + t.offset, min(TENSOR_SAMPLE_BYTES, end - start - t.offset))
+        for t in header.tensors
+        if t.offset < span
+    ]
     fd = os.open(header.path, os.O_RDONLY)
     try:
         for off, n in reads:

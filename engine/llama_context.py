@@ -19,7 +19,12 @@ import numpy as np
 from .llama_model import LlamaModel
 from .profile_schema import ContextSettings
 from .threads import (
-    ThreadGovernor, ThreadPlan, Threadpools, is_gpu_resident, plan_for, resolve_threads,
+    ThreadGovernor,
+    ThreadPlan,
+    Threadpools,
+    is_gpu_resident,
+    plan_for,
+    resolve_threads,
     usable_cores,
 )
 
@@ -38,8 +43,7 @@ class ContextCreateError(RuntimeError):
     pass
 
 
-__all__ = ["ContextCreateError", "DecodeError", "LlamaContext", "Perf", "resolve_threads",
-           "usable_cores"]
+__all__ = ["ContextCreateError", "DecodeError", "LlamaContext", "Perf", "resolve_threads", "usable_cores"]
 
 
 @dataclass(frozen=True)
@@ -52,8 +56,7 @@ class Perf:
 
 
 class LlamaContext:
-    def __init__(self, model: LlamaModel, settings: ContextSettings, *,
-                 n_gpu_layers: int = 0) -> None:
+    def __init__(self, model: LlamaModel, settings: ContextSettings, *, n_gpu_layers: int = 0) -> None:
         """`n_gpu_layers` is the model's setting: whether every layer is on the GPU decides
         what `"auto"` threads are (`threads.py`)."""
         from llama_cpp import llama_cpp as ll
@@ -65,8 +68,9 @@ class LlamaContext:
         params.n_batch = settings.n_batch
         params.n_ubatch = settings.n_ubatch
         params.n_seq_max = 1
-        gpu = is_gpu_resident(n_gpu_layers, int(ll.llama_model_n_layer(model.model)),
-                              bool(ll.llama_supports_gpu_offload()))
+        gpu = is_gpu_resident(
+            n_gpu_layers, int(ll.llama_model_n_layer(model.model)), bool(ll.llama_supports_gpu_offload())
+        )
         plan = plan_for(settings, gpu)
         self.thread_plan: ThreadPlan = plan
         self.n_threads = plan.decode  # as planned; fewer while the machine is busy
@@ -84,8 +88,7 @@ class LlamaContext:
 
             why = llama_log.last_error() or "see the log"
             raise ContextCreateError(
-                f"could not create a context of {settings.n_ctx} tokens for {model.path.name}: "
-                f"{why}"
+                f"could not create a context of {settings.n_ctx} tokens for {model.path.name}: {why}"
             )
         self.ctx = ctx
         self.n_ctx = int(ll.llama_n_ctx(ctx))
@@ -161,7 +164,7 @@ class LlamaContext:
 
         Split into n_batch pieces: llama.cpp aborts the process (GGML_ASSERT) on a bigger batch."""
         for start in range(0, len(tokens), self.n_batch):
-            piece = tokens[start:start + self.n_batch]
+            piece = tokens[start : start + self.n_batch]
             n = len(piece)
             gov = self._governor
             if gov is not None and gov.due(time.monotonic()):
@@ -221,7 +224,8 @@ class LlamaContext:
         size = self.state_size()
         data = np.empty(size, dtype=np.uint8)
         n = self._ll.llama_state_seq_get_data_ext(
-            self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, SEQ, 0)
+            self.ctx, data.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), size, SEQ, 0
+        )
         return data[:n]
 
     def set_state(self, data: bytes | bytearray | memoryview | np.ndarray) -> bool:

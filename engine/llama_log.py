@@ -20,8 +20,7 @@ logger = logging.getLogger("velo_chat.llama")
 
 # ggml_log_level (ggml.h: NONE, DEBUG, INFO, WARN, ERROR, CONT) -> logging level;
 # 5 (CONT) continues the previous line's level.
-_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING,
-           4: logging.ERROR}
+_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 
 _installed: list[object] = []  # keeps the ctypes callback alive for the process's lifetime
 _lock = threading.Lock()

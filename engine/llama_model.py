@@ -37,8 +37,9 @@ class LoadCancelled(ModelLoadError):
 
 
 class LlamaModel:
-    def __init__(self, path: Path, settings: ModelSettings,
-                 on_progress: Callable[[float], bool] | None = None) -> None:
+    def __init__(
+        self, path: Path, settings: ModelSettings, on_progress: Callable[[float], bool] | None = None
+    ) -> None:
         """Load `path`; `on_progress(fraction)` may return False to cancel the load."""
         from llama_cpp import llama_cpp as ll
 
@@ -92,8 +93,14 @@ class LlamaModel:
         self._eog_cache: dict[int, bool] = {}
         self._template: ChatTemplate | None = None
         self._prompt_tokenizer: PromptTokenizer | None = None
-        log.info("loaded %s (%s, %.1f MB, hybrid=%s) in %.2fs", self.path, self.architecture,
-                 self.size_bytes / 1e6, self.hybrid, self.load_s)
+        log.info(
+            "loaded %s (%s, %.1f MB, hybrid=%s) in %.2fs",
+            self.path,
+            self.architecture,
+            self.size_bytes / 1e6,
+            self.hybrid,
+            self.load_s,
+        )
         self._prepare_chat()
 
     def _prepare_chat(self) -> None:
@@ -108,20 +115,17 @@ class LlamaModel:
 
     # -- vocabulary -----------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True
-                 ) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
         """Raw llama.cpp tokenization. With `parse_special`, control-token text becomes control
         tokens: never pass message text that way (use `tokenize_segments`)."""
         data = text.encode("utf-8")
         n_max = len(data) + 8
         buf = (self._ll.llama_token * n_max)()
-        n = self._ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special,
-                                    parse_special)
+        n = self._ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
         if n < 0:  # buffer too small: -n is the size needed
             n_max = -n
             buf = (self._ll.llama_token * n_max)()
-            n = self._ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special,
-                                        parse_special)
+            n = self._ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
         return list(buf[:n])
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
@@ -150,8 +154,8 @@ class LlamaModel:
         if self._prompt_tokenizer is None:
             special = scan_vocab(self._ll, self.vocab, self.n_vocab)
             self._prompt_tokenizer = PromptTokenizer(
-                lambda text, parse_special: self.tokenize(text, parse_special=parse_special),
-                special)
+                lambda text, parse_special: self.tokenize(text, parse_special=parse_special), special
+            )
         return self._prompt_tokenizer
 
     @property

@@ -29,8 +29,7 @@ def setting(
     value of its type, the field accepts the string "auto" (resolved when it is used)."""
     return field(
         default=default,
-        metadata={"doc": doc, "min": min, "max": max, "choices": choices, "reload": reload,
-                  "auto": auto},
+        metadata={"doc": doc, "min": min, "max": max, "choices": choices, "reload": reload, "auto": auto},
     )
 
 
@@ -48,7 +47,7 @@ class ModelSettings:
 
     path: str = setting(
         "default",
-        "Path to a GGUF file (the first shard of a split model), or \"default\" for the embedded "
+        'Path to a GGUF file (the first shard of a split model), or "default" for the embedded '
         "SmolLM2-135M-Instruct. `~` is expanded.",
         reload="model",
     )
@@ -62,9 +61,9 @@ class ModelSettings:
     use_mmap: bool = setting(True, "Map the GGUF instead of reading it into RAM.", reload="model")
     lazy_ple: str = setting(
         "auto",
-        "How the per-layer n-gram embedding table (qwen4exp PLE, ~27 GiB) is read: \"on\" keeps "
+        'How the per-layer n-gram embedding table (qwen4exp PLE, ~27 GiB) is read: "on" keeps '
         "it on mmap and reads rows on demand (what a Spark needs: llama.cpp turns it off on "
-        "integrated GPUs), \"off\" reads it all up front, \"auto\" lets llama.cpp decide.",
+        'integrated GPUs), "off" reads it all up front, "auto" lets llama.cpp decide.',
         choices=("off", "auto", "on"),
         reload="model",
     )
@@ -75,29 +74,44 @@ class ContextSettings:
     """The llama_context: its size, batching, threads and KV cache."""
 
     n_ctx: int = setting(
-        8192, "Context length in tokens (0 = the model's training context).", min=0,
-        max=1048576, reload="context",
+        8192,
+        "Context length in tokens (0 = the model's training context).",
+        min=0,
+        max=1048576,
+        reload="context",
     )
     n_batch: int = setting(
-        512, "Logical batch: tokens handed to one llama_decode call during prefill.", min=1,
-        max=65536, reload="context",
+        512,
+        "Logical batch: tokens handed to one llama_decode call during prefill.",
+        min=1,
+        max=65536,
+        reload="context",
     )
     n_ubatch: int = setting(
-        512, "Physical micro-batch; prefill progress and cancellation are checked per ubatch.",
-        min=1, max=65536, reload="context",
+        512,
+        "Physical micro-batch; prefill progress and cancellation are checked per ubatch.",
+        min=1,
+        max=65536,
+        reload="context",
     )
     n_threads: int | str = setting(
         "auto",
-        "CPU threads for decoding one token. \"auto\": 1 when every layer is on the GPU (the "
+        'CPU threads for decoding one token. "auto": 1 when every layer is on the GPU (the '
         "CPU only looks up the input embeddings; waking more threads for that costs more than "
         "it does), else the usable cores. A number is used as is; 0 = the usable cores. Never "
         "more than the usable cores (docs/threads.md).",
-        min=0, max=1024, reload="context", auto=True,
+        min=0,
+        max=1024,
+        reload="context",
+        auto=True,
     )
     n_threads_batch: int | str = setting(
         "auto",
-        "CPU threads for prefill (many tokens per step). \"auto\" and 0: the usable cores.",
-        min=0, max=1024, reload="context", auto=True,
+        'CPU threads for prefill (many tokens per step). "auto" and 0: the usable cores.',
+        min=0,
+        max=1024,
+        reload="context",
+        auto=True,
     )
     adapt_threads: bool = setting(
         True,
@@ -119,19 +133,27 @@ class ContextSettings:
         "How long the pool's idle worker threads poll for the next step before they sleep "
         "(ggml's polling level: 0 = sleep at once, 100 = poll longest). Polling burns a core "
         "that a busy machine needs; it bought no speed when measured (docs/threads.md).",
-        min=0, max=100, reload="context",
+        min=0,
+        max=100,
+        reload="context",
     )
     flash_attn: str = setting(
-        "auto", "Flash attention: \"on\", \"off\" or \"auto\".", choices=("auto", "on", "off"),
+        "auto",
+        'Flash attention: "on", "off" or "auto".',
+        choices=("auto", "on", "off"),
         reload="context",
     )
     type_k: str = setting(
-        "f16", "KV cache type for K.", choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
+        "f16",
+        "KV cache type for K.",
+        choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
         reload="context",
     )
     type_v: str = setting(
-        "f16", "KV cache type for V (quantized V needs flash attention).",
-        choices=("f32", "f16", "bf16", "q8_0", "q4_0"), reload="context",
+        "f16",
+        "KV cache type for V (quantized V needs flash attention).",
+        choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
+        reload="context",
     )
 
 
@@ -139,20 +161,13 @@ class ContextSettings:
 class SamplingSettings:
     """How the next token is chosen. Changes apply to the next turn."""
 
-    temperature: float = setting(
-        0.0, "0 = greedy (deterministic); higher = more random.", min=0.0, max=5.0
-    )
-    top_p: float = setting(1.0, "Nucleus sampling: keep the smallest set with this mass.",
-                           min=0.0, max=1.0)
+    temperature: float = setting(0.0, "0 = greedy (deterministic); higher = more random.", min=0.0, max=5.0)
+    top_p: float = setting(1.0, "Nucleus sampling: keep the smallest set with this mass.", min=0.0, max=1.0)
     top_k: int = setting(0, "Keep only the k most likely tokens; 0 = off.", min=0, max=100000)
-    min_p: float = setting(0.0, "Drop tokens below this fraction of the top probability.",
-                           min=0.0, max=1.0)
-    repeat_penalty: float = setting(1.0, "Penalty for recently seen tokens; 1.0 = off.",
-                                    min=0.0, max=5.0)
-    repeat_last_n: int = setting(64, "How many recent tokens the repeat penalty looks at.",
-                                 min=0, max=65536)
-    seed: int = setting(-1, "Sampling seed; -1 = a new random seed each turn.", min=-1,
-                        max=2**32 - 1)
+    min_p: float = setting(0.0, "Drop tokens below this fraction of the top probability.", min=0.0, max=1.0)
+    repeat_penalty: float = setting(1.0, "Penalty for recently seen tokens; 1.0 = off.", min=0.0, max=5.0)
+    repeat_last_n: int = setting(64, "How many recent tokens the repeat penalty looks at.", min=0, max=65536)
+    seed: int = setting(-1, "Sampling seed; -1 = a new random seed each turn.", min=-1, max=2**32 - 1)
     max_tokens: int = setting(2048, "Most tokens one reply may have.", min=1, max=1048576)
 
 
@@ -163,9 +178,9 @@ class ReasoningSettings:
 
     enabled: str = setting(
         "auto",
-        "Whether the model thinks before it answers: \"on\" or \"off\" sets the chat "
+        'Whether the model thinks before it answers: "on" or "off" sets the chat '
         "template's switch (`enable_thinking`, or what the template calls it: `thinking`, "
-        "`reasoning`, `thinking_mode`...); \"auto\" leaves the template's default. Ctrl+G "
+        '`reasoning`, `thinking_mode`...); "auto" leaves the template\'s default. Ctrl+G '
         "flips it in the chat for the turns that follow. A template without a switch ignores it.",
         choices=("auto", "on", "off"),
     )
@@ -173,7 +188,7 @@ class ReasoningSettings:
         "auto",
         "How hard to think, for templates with levels (`reasoning_effort`, `thinking_effort` or "
         "`reasoning_strength`; e.g. low, medium, high, max: the template says which it takes). "
-        "\"auto\" leaves the template's default. Passed as written; a template that checks its "
+        '"auto" leaves the template\'s default. Passed as written; a template that checks its '
         "levels refuses the turn with its own message. Templates without levels ignore it.",
     )
     show_thinking: bool = setting(
@@ -194,29 +209,38 @@ class CheckpointSettings:
 
     enabled: bool = setting(True, "Save and reuse prefix checkpoints.")
     ram_budget_mib: int = setting(
-        2048, "Memory for saved states in MiB: the RAM tier (LRU) plus states still waiting to "
+        2048,
+        "Memory for saved states in MiB: the RAM tier (LRU) plus states still waiting to "
         "be written to disk (one array when in both, counted once). Over it, the oldest states "
         "waiting for the disk are dropped with a warning; only the newest state and the one "
         "being written may go past it (docs/checkpoints.md).",
-        min=0, max=1048576,
+        min=0,
+        max=1048576,
     )
-    disk_budget_gib: float = setting(16.0, "Disk tier budget in GiB (LRU, never exceeded).",
-                                     min=0.0, max=65536.0)
+    disk_budget_gib: float = setting(
+        16.0, "Disk tier budget in GiB (LRU, never exceeded).", min=0.0, max=65536.0
+    )
     interval_tokens: int = setting(
-        8192, "Also save every this many tokens inside a long prefill; 0 = only at boundaries.",
-        min=0, max=1048576,
+        8192,
+        "Also save every this many tokens inside a long prefill; 0 = only at boundaries.",
+        min=0,
+        max=1048576,
     )
     min_prefill_tokens: int = setting(
-        256, "Save the state before a reply (what a regenerate resumes from) only after a "
+        256,
+        "Save the state before a reply (what a regenerate resumes from) only after a "
         "prefill of at least this many tokens; a shorter tail is cheaper to prefill again from "
         "the previous boundary than to copy the whole state before the first token.",
-        min=0, max=1048576,
+        min=0,
+        max=1048576,
     )
     close_timeout_s: float = setting(
-        30.0, "Seconds closing the engine (quitting, switching model or profile) waits for "
+        30.0,
+        "Seconds closing the engine (quitting, switching model or profile) waits for "
         "states still being written to disk, logging progress; what is not written by then is "
         "abandoned, and no partial file is left behind.",
-        min=0.0, max=3600.0,
+        min=0.0,
+        max=3600.0,
     )
 
 

@@ -89,20 +89,14 @@ def _check_value(profile: str, where: str, f: dataclasses.Field, value: Any) -> 
         value, ok = float(value), True
     if not ok:
         also = ' or "auto"' if meta.get("auto") else ""
-        raise ProfileError(
-            f"profile {profile!r}: {where} must be {want.__name__}{also}, got {value!r}"
-        )
+        raise ProfileError(f"profile {profile!r}: {where} must be {want.__name__}{also}, got {value!r}")
     if want is float and not math.isfinite(value):
         raise ProfileError(f"profile {profile!r}: {where} must be a finite number, got {value!r}")
     lo, hi, choices = meta.get("min"), meta.get("max"), meta.get("choices")
     if choices and value not in choices:
-        raise ProfileError(
-            f"profile {profile!r}: {where} must be one of {', '.join(choices)}; got {value!r}"
-        )
+        raise ProfileError(f"profile {profile!r}: {where} must be one of {', '.join(choices)}; got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ProfileError(
-            f"profile {profile!r}: {where} must be between {lo} and {hi}; got {value!r}"
-        )
+        raise ProfileError(f"profile {profile!r}: {where} must be between {lo} and {hi}; got {value!r}")
     return value
 
 
@@ -126,17 +120,13 @@ def build_profile(name: str, data: dict[str, Any]) -> Profile:
             for field_name, field_value in value.items():
                 if field_name not in known:
                     raise ProfileError(
-                        f"profile {name!r}: unknown setting {key}.{field_name} "
-                        f"(known: {', '.join(known)})"
+                        f"profile {name!r}: unknown setting {key}.{field_name} (known: {', '.join(known)})"
                     )
-                kwargs[field_name] = _check_value(
-                    name, f"{key}.{field_name}", known[field_name], field_value
-                )
+                kwargs[field_name] = _check_value(name, f"{key}.{field_name}", known[field_name], field_value)
             sections[key] = cls(**kwargs)
         else:
             raise ProfileError(
-                f"profile {name!r}: unknown key {key!r} "
-                f"(known: {', '.join((*TOP_LEVEL_KEYS, *SECTIONS))})"
+                f"profile {name!r}: unknown key {key!r} (known: {', '.join((*TOP_LEVEL_KEYS, *SECTIONS))})"
             )
     profile = Profile(name=name, **top, **sections)
     validate_profile(profile)
@@ -152,9 +142,7 @@ def validate_profile(profile: Profile) -> None:
             f"context.n_batch ({ctx.n_batch})"
         )
     if profile.speculation.enabled:
-        raise ProfileError(
-            f"profile {profile.name!r}: speculation.enabled = true is not supported yet"
-        )
+        raise ProfileError(f"profile {profile.name!r}: speculation.enabled = true is not supported yet")
     if profile.context.type_v not in ("f16", "f32", "bf16") and ctx.flash_attn == "off":
         raise ProfileError(
             f"profile {profile.name!r}: a quantized context.type_v needs context.flash_attn on"
@@ -166,8 +154,9 @@ def list_profiles() -> list[ProfileInfo]:
     user = _user_paths()
     infos = []
     for name in sorted(set(shipped) | set(user)):
-        source = "user+shipped" if name in shipped and name in user else (
-            "user" if name in user else "shipped")
+        source = (
+            "user+shipped" if name in shipped and name in user else ("user" if name in user else "shipped")
+        )
         try:
             description = load_profile(name).description
         except ProfileError as exc:
@@ -206,8 +195,7 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    escaped = (str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-               .replace("\t", "\\t"))
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
     return f'"{escaped}"'
 
 
@@ -258,7 +246,10 @@ def set_active_profile(name: str) -> None:
     path = settings_path()
     lines = []
     if path.exists():
-        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                 if not ln.strip().startswith("active_profile")]
+        lines = [
+            ln
+            for ln in path.read_text(encoding="utf-8").splitlines()
+            if not ln.strip().startswith("active_profile")
+        ]
     text = "\n".join([f"active_profile = {_toml_value(name)}", *lines]).rstrip() + "\n"
     atomic_write_text(path, text)

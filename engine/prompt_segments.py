@@ -56,8 +56,9 @@ class SegmentationError(ValueError):
 class PromptSplitter:
     """Cuts renderings of one template into segments. Built once per template."""
 
-    def __init__(self, *, protected: Iterable[str], separators: Iterable[str],
-                 fixed_texts: Iterable[str]) -> None:
+    def __init__(
+        self, *, protected: Iterable[str], separators: Iterable[str], fixed_texts: Iterable[str]
+    ) -> None:
         """`protected`: token texts message text must never turn into (control tokens...).
         `separators`: strings the template splits message text on (e.g. "</think>").
         `fixed_texts`: the template source and the strings it is rendered with."""
@@ -69,8 +70,7 @@ class PromptSplitter:
         self.separators = tuple(dict.fromkeys(s for s in separators if s))
         self._taken = {ch for t in fixed_texts for ch in t if ord(ch) >= _SENTINEL_FLOOR}
 
-    def split(self, render: Callable[[Sequence[str]], str], contents: Sequence[str]
-              ) -> list[Segment]:
+    def split(self, render: Callable[[Sequence[str]], str], contents: Sequence[str]) -> list[Segment]:
         """Render with `render(contents)` and return the segments, which concatenate to the
         rendering (with the original message text). Errors of `render` on the real contents
         propagate; the marker rendering may fail, which only selects the fallback."""
@@ -79,8 +79,9 @@ class PromptSplitter:
         full = render(escaped)
         segments = self._aligned(render, full, escaped, mark, hole)
         if segments is None:
-            log.debug("chat template: message text could not be located by markers; "
-                      "using the escaped rendering")
+            log.debug(
+                "chat template: message text could not be located by markers; using the escaped rendering"
+            )
             segments = self._fallback(full, hole)
         return segments
 
@@ -112,14 +113,14 @@ class PromptSplitter:
         bases = [text] + [text.split(s)[-1] for s in self.separators if s in text]
         out: list[str] = []
         for b in bases:
-            for v in (b, b.strip(), b.lstrip(), b.rstrip(),
-                      b.strip("\n"), b.lstrip("\n"), b.rstrip("\n")):
+            for v in (b, b.strip(), b.lstrip(), b.rstrip(), b.strip("\n"), b.lstrip("\n"), b.rstrip("\n")):
                 if v not in out:
                     out.append(v)
         return out
 
-    def _aligned(self, render: Callable[[Sequence[str]], str], full: str,
-                 escaped: Sequence[str], mark: str, hole: str) -> list[Segment] | None:
+    def _aligned(
+        self, render: Callable[[Sequence[str]], str], full: str, escaped: Sequence[str], mark: str, hole: str
+    ) -> list[Segment] | None:
         try:
             marked = render([f"{mark}{i}{mark}" for i in range(len(escaped))])
         except Exception:  # e.g. a template that validates message text

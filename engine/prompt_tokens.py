@@ -54,9 +54,16 @@ class SpecialTokens:
 
 def scan_vocab(ll, vocab, n_vocab: int) -> SpecialTokens:
     """Read the token attributes once per model (a few hundred ms for a 250k vocabulary)."""
-    delimiters = {int(f(vocab)) for f in (ll.llama_vocab_bos, ll.llama_vocab_eos,
-                                          ll.llama_vocab_eot, ll.llama_vocab_sep,
-                                          ll.llama_vocab_pad)}
+    delimiters = {
+        int(f(vocab))
+        for f in (
+            ll.llama_vocab_bos,
+            ll.llama_vocab_eos,
+            ll.llama_vocab_eot,
+            ll.llama_vocab_sep,
+            ll.llama_vocab_pad,
+        )
+    }
     texts: dict[int, str] = {}
     breakable: list[str] = []
     eats_left, eats_right = set(), set()
@@ -65,7 +72,8 @@ def scan_vocab(ll, vocab, n_vocab: int) -> SpecialTokens:
         if attr & (ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_UNKNOWN):
             pass
         elif attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED and (
-                tid in delimiters or ll.llama_vocab_is_eog(vocab, tid)):
+            tid in delimiters or ll.llama_vocab_is_eog(vocab, tid)
+        ):
             breakable.append(tid)
         else:
             continue
@@ -75,8 +83,9 @@ def scan_vocab(ll, vocab, n_vocab: int) -> SpecialTokens:
             eats_left.add(tid)
         if attr & ll.LLAMA_TOKEN_ATTR_RSTRIP:
             eats_right.add(tid)
-    return SpecialTokens(texts, tuple(texts[t] for t in breakable if texts[t]),
-                         frozenset(eats_left), frozenset(eats_right))
+    return SpecialTokens(
+        texts, tuple(texts[t] for t in breakable if texts[t]), frozenset(eats_left), frozenset(eats_right)
+    )
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ class PromptTokenizer:
         pos = 0
         for m in self._breakable.finditer(text):
             found = m.group()
-            out += self._tokenize(text[pos:m.start()], False)
+            out += self._tokenize(text[pos : m.start()], False)
             out += self._tokenize(found[0], False) + self._plain(found[1:])
             pos = m.end()
         return out + self._tokenize(text[pos:], False)
@@ -193,11 +202,13 @@ class PromptTokenizer:
         b = text.rfind(texts[last])
         if a < 0 or b < a or not texts[first] or not texts[last]:
             return _Scaffold(tuple(tokens))
-        head, tail = text[:a], text[b + len(texts[last]):]
+        head, tail = text[:a], text[b + len(texts[last]) :]
         eats_left, eats_right = first in self.special.eats_left, last in self.special.eats_right
         head_n, tail_n = marks[0], len(tokens) - marks[-1] - 1
         # the edges must be exactly the runs llama.cpp tokenized; if not, they join nothing
-        if self.plain(head.rstrip() if eats_left else head) != tokens[:head_n] or \
-                self.plain(tail.lstrip() if eats_right else tail) != tokens[len(tokens) - tail_n:]:
+        if (
+            self.plain(head.rstrip() if eats_left else head) != tokens[:head_n]
+            or self.plain(tail.lstrip() if eats_right else tail) != tokens[len(tokens) - tail_n :]
+        ):
             return _Scaffold(tuple(tokens))
         return _Scaffold(tuple(tokens), head, head_n, tail, tail_n, eats_left, eats_right)

@@ -22,8 +22,9 @@ def main(argv: list[str]) -> int:
     request = json.loads(sys.stdin.read())
     data = tomllib.loads(request["profile_toml"])
     profile = build_profile("bench-resume", data)
-    messages = [ChatMessage(m["role"], m["content"], m.get("reasoning_content", ""))
-                for m in request["messages"]]
+    messages = [
+        ChatMessage(m["role"], m["content"], m.get("reasoning_content", "")) for m in request["messages"]
+    ]
     with Engine(profile, model_path=model_path, checkpoint_root=root) as engine:
         engine.load()
         for event in engine.turn(messages, max_tokens=1):

@@ -14,8 +14,7 @@ from .profile_schema import SamplingSettings
 
 
 class Sampler:
-    def __init__(self, settings: SamplingSettings, n_vocab: int,
-                 recent_tokens: Sequence[int] = ()) -> None:
+    def __init__(self, settings: SamplingSettings, n_vocab: int, recent_tokens: Sequence[int] = ()) -> None:
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll
@@ -24,8 +23,7 @@ class Sampler:
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         s = settings
         if s.repeat_penalty != 1.0 and s.repeat_last_n > 0:
-            add(ll.llama_sampler_init_penalties(
-                n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
+            add(ll.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
         if s.temperature <= 0.0:
             add(ll.llama_sampler_init_greedy())
             self.seed = None
@@ -41,7 +39,7 @@ class Sampler:
             add(ll.llama_sampler_init_dist(self.seed))
         self.chain = chain
         if s.repeat_penalty != 1.0:
-            for tok in list(recent_tokens)[-s.repeat_last_n:]:
+            for tok in list(recent_tokens)[-s.repeat_last_n :]:
                 ll.llama_sampler_accept(chain, tok)
 
     def sample(self, ctx: object) -> int:

@@ -33,8 +33,7 @@ inline (a template that treats a reply with reasoning differently shows it here)
 PLACEHOLDER_QUESTION = "D"
 
 
-def stable_prefix(tokens_for: TokensFor, messages: Sequence[ChatMessage],
-                  tokens: Sequence[int]) -> int:
+def stable_prefix(tokens_for: TokensFor, messages: Sequence[ChatMessage], tokens: Sequence[int]) -> int:
     """The number of leading tokens of `tokens` (this turn's prompt for `messages`) that the
     conversation keeps whatever the reply and the next question are. 0 when a continuation
     cannot be rendered (a template that refuses our placeholder messages)."""
@@ -42,8 +41,7 @@ def stable_prefix(tokens_for: TokensFor, messages: Sequence[ChatMessage],
 
     n = len(tokens)
     for reply in PLACEHOLDER_REPLIES:
-        convo = [*messages, ChatMessage("assistant", reply),
-                 ChatMessage("user", PLACEHOLDER_QUESTION)]
+        convo = [*messages, ChatMessage("assistant", reply), ChatMessage("user", PLACEHOLDER_QUESTION)]
         try:
             after = tokens_for(convo)
         except ChatTemplateError as exc:

@@ -41,12 +41,18 @@ def strftime_now(fmt: str) -> str:
     return now().strftime(fmt)
 
 
-def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-           separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     """HF's `tojson`: plain `json.dumps` (Jinja's own escapes `<`, `>`, `&` and `'` for HTML,
     which would change the tool definitions a model was trained on)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 class GenerationTag(jinja2.ext.Extension):
@@ -66,9 +72,12 @@ class GenerationTag(jinja2.ext.Extension):
 
 def environment() -> ImmutableSandboxedEnvironment:
     """HF's environment (the caller adds `raise_exception`, which raises its own error)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        loader=jinja2.BaseLoader(),
-                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        loader=jinja2.BaseLoader(),
+        extensions=[GenerationTag, jinja2.ext.loopcontrols],
+    )
     env.filters["tojson"] = tojson
     env.globals["strftime_now"] = strftime_now
     return env

@@ -142,8 +142,9 @@ def _levels(ast: nodes.Template, variable: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for s in found if s))
 
 
-def inspect_template(ast: nodes.Template, source: str,
-            render: Callable[[Mapping[str, Any]], str] | None = None) -> ThinkingSupport:
+def inspect_template(
+    ast: nodes.Template, source: str, render: Callable[[Mapping[str, Any]], str] | None = None
+) -> ThinkingSupport:
     """The thinking controls of a parsed template. `render(variables)`, when given, renders a
     one-question conversation with a generation prompt: comparing the default rendering with
     the switch on and off tells the template's default."""
@@ -151,8 +152,7 @@ def inspect_template(ast: nodes.Template, source: str,
     inputs = meta.find_undeclared_variables(ast)  # the tree as it compiles it
     switch = next(((n, on, off) for n, on, off in SWITCHES if n in inputs), None)
     effort = next((n for n in EFFORTS if n in inputs), None)
-    open_marker, close_marker = next(
-        ((o, c) for o, c in MARKERS if o in source and c in source), MARKERS[-1])
+    open_marker, close_marker = next(((o, c) for o, c in MARKERS if o in source and c in source), MARKERS[-1])
     support = ThinkingSupport(
         switch=switch[0] if switch else None,
         on_value=switch[1] if switch else True,
@@ -170,8 +170,7 @@ def inspect_template(ast: nodes.Template, source: str,
         off = render(support.variables(False, None))
     except Exception:  # a template that cannot render a plain question: no default to read
         return support
-    default_on = None if on == off else (True if default == on else
-                                         False if default == off else None)
+    default_on = None if on == off else (True if default == on else False if default == off else None)
     return dataclasses.replace(support, default_on=default_on)
 
 
@@ -207,8 +206,9 @@ class ReasoningSplitter:
     answer, byte for byte. `reasoning_tokens` counts the tokens from the opening marker to the
     closing one, both included."""
 
-    def __init__(self, open_marker: str = "<think>", close_marker: str = "</think>", *,
-                 inside: bool = False) -> None:
+    def __init__(
+        self, open_marker: str = "<think>", close_marker: str = "</think>", *, inside: bool = False
+    ) -> None:
         self.open_marker, self.close_marker = open_marker, close_marker
         self.had_reasoning = inside
         self._state = _REASONING if inside else _START
@@ -238,7 +238,8 @@ class ReasoningSplitter:
         before, had = self._state, self.had_reasoning
         if control and not text:  # a control token that is (part of) the marker due next
             if (before == _START and control in self.open_marker) or (
-                    before == _REASONING and control in self.close_marker):
+                before == _REASONING and control in self.close_marker
+            ):
                 text = control
         reasoning, answer = self._take(text)
         if self._state == _START:
@@ -277,7 +278,7 @@ class ReasoningSplitter:
             head = buf.lstrip()
             if head.startswith(self.open_marker):
                 self._state, self.had_reasoning = _REASONING, True
-                buf = head[len(self.open_marker):]
+                buf = head[len(self.open_marker) :]
             elif not head or self.open_marker.startswith(head):
                 self._held = buf
                 return "", ""
@@ -287,11 +288,11 @@ class ReasoningSplitter:
             end = buf.find(self.close_marker)
             if end < 0:
                 keep = _partial_suffix(buf, self.close_marker)
-                body = buf[:len(buf) - keep].rstrip("\n")
-                self._held = buf[len(body):]
+                body = buf[: len(buf) - keep].rstrip("\n")
+                self._held = buf[len(body) :]
                 return self._add_reasoning(body), ""
             reasoning = self._add_reasoning(buf[:end].rstrip("\n"))
-            self._state, buf = _ANSWER, buf[end + len(self.close_marker):]
+            self._state, buf = _ANSWER, buf[end + len(self.close_marker) :]
         answer = self._add_answer(buf)
         return reasoning, answer
 

@@ -80,23 +80,38 @@ class ThreadPlan:
 
     def describe(self) -> str:
         """One line: 'decode 1 (auto), prefill 16 (auto): every layer on the GPU, 16 cores'."""
+
         def one(n: int, setting: str) -> str:
             return f"{n} ({setting})" if setting == "auto" else str(n)
 
         busy = "; fewer while the machine is busy" if self.adapt else ""
-        return (f"decode {one(self.decode, self.decode_setting)}, prefill "
-                f"{one(self.batch, self.batch_setting)}: {self.reason}{busy}")
+        return (
+            f"decode {one(self.decode, self.decode_setting)}, prefill "
+            f"{one(self.batch, self.batch_setting)}: {self.reason}{busy}"
+        )
 
 
-def plan_threads(n_threads: int | str, n_threads_batch: int | str, *, gpu_resident: bool,
-                 adapt: bool = True, pool: bool = True, poll: int = 0) -> ThreadPlan:
+def plan_threads(
+    n_threads: int | str,
+    n_threads_batch: int | str,
+    *,
+    gpu_resident: bool,
+    adapt: bool = True,
+    pool: bool = True,
+    poll: int = 0,
+) -> ThreadPlan:
     cores = usable_cores()
     decode_auto = GPU_DECODE_THREADS if gpu_resident else cores
     return ThreadPlan(
         decode=resolve_threads(n_threads, decode_auto),
         batch=resolve_threads(n_threads_batch, cores),
-        decode_setting=str(n_threads), batch_setting=str(n_threads_batch),
-        gpu_resident=gpu_resident, cores=cores, adapt=adapt, pool=pool, poll=poll,
+        decode_setting=str(n_threads),
+        batch_setting=str(n_threads_batch),
+        gpu_resident=gpu_resident,
+        cores=cores,
+        adapt=adapt,
+        pool=pool,
+        poll=poll,
     )
 
 
@@ -139,8 +154,14 @@ def preview_plan(profile: Profile, model_path: Path | None) -> tuple[ThreadPlan,
 
 def plan_for(ctx: ContextSettings, gpu_resident: bool) -> ThreadPlan:
     """The plan for a profile's context section."""
-    return plan_threads(ctx.n_threads, ctx.n_threads_batch, gpu_resident=gpu_resident,
-                        adapt=ctx.adapt_threads, pool=ctx.thread_pool, poll=ctx.thread_poll)
+    return plan_threads(
+        ctx.n_threads,
+        ctx.n_threads_batch,
+        gpu_resident=gpu_resident,
+        adapt=ctx.adapt_threads,
+        pool=ctx.thread_pool,
+        poll=ctx.thread_poll,
+    )
 
 
 # -- the machine's load -------------------------------------------------------------------------
@@ -195,8 +216,7 @@ class CpuLoad:
             self.available = False
             return None
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return LoadSample(time.monotonic(), busy / self.tick, idle / self.tick,
-                          ru.ru_utime + ru.ru_stime)
+        return LoadSample(time.monotonic(), busy / self.tick, idle / self.tick, ru.ru_utime + ru.ru_stime)
 
     def others(self, a: LoadSample, b: LoadSample, threads: int) -> float:
         """Cores the other processes wanted between two samples (see the class doc)."""
@@ -221,8 +241,7 @@ class ThreadGovernor:
     collapse, too few cost at most the difference between 1 and all threads.
     """
 
-    def __init__(self, plan: ThreadPlan, *, probe: CpuLoad | None = None,
-                 interval: float = 0.25) -> None:
+    def __init__(self, plan: ThreadPlan, *, probe: CpuLoad | None = None, interval: float = 0.25) -> None:
         self.plan = plan
         self.probe = probe or CpuLoad()
         self.interval = interval
@@ -266,8 +285,15 @@ class ThreadGovernor:
         decode, batch = min(self.plan.decode, free), min(self.plan.batch, free)
         if (decode, batch) == (self.decode, self.batch):
             return None
-        log.info("threads: other processes want %.1f of %d cores; decode %d -> %d, prefill %d"
-                 " -> %d", self.others, self.plan.cores, self.decode, decode, self.batch, batch)
+        log.info(
+            "threads: other processes want %.1f of %d cores; decode %d -> %d, prefill %d -> %d",
+            self.others,
+            self.plan.cores,
+            self.decode,
+            decode,
+            self.batch,
+            batch,
+        )
         self.decode, self.batch = decode, batch
         return decode, batch
 

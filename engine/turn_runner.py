@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .events import (
-    CheckpointSaved, EngineEvent, EngineWarning, PrefillProgress, TokenDelta, TurnDone,
-    TurnFailed, TurnStarted, TurnStats,
+    CheckpointSaved,
+    EngineEvent,
+    EngineWarning,
+    PrefillProgress,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+    TurnStarted,
+    TurnStats,
 )
 from .chat_template import ChatMessage
 from .llama_context import DecodeError
@@ -48,6 +55,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         return 0
     diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
     return int(diff[0]) if diff.size else n
+
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +88,9 @@ class TurnPlan:
 
     def splitter(self) -> ReasoningSplitter:
         """Splits this turn's reply into reasoning and answer."""
-        return ReasoningSplitter(self.thinking.open_marker, self.thinking.close_marker,
-                                 inside=self.opens_in_reasoning)
+        return ReasoningSplitter(
+            self.thinking.open_marker, self.thinking.close_marker, inside=self.opens_in_reasoning
+        )
 
 
 def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
@@ -97,7 +106,7 @@ def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
             break
         restored = engine.checkpoints.restore(ctx, cand)
         if restored is not None:
-            engine.live_tokens = list(tokens[:restored.n_tokens])
+            engine.live_tokens = list(tokens[: restored.n_tokens])
             return restored.n_tokens, source, restored.seconds
         engine.live_tokens = []  # the failed restore emptied the context
     else:
@@ -117,8 +126,9 @@ def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
     return n, source, 0.0
 
 
-def _prefill_stops(start: int, end: int, interval: int, save_last: bool,
-                   stable: int | None = None) -> list[int]:
+def _prefill_stops(
+    start: int, end: int, interval: int, save_last: bool, stable: int | None = None
+) -> list[int]:
     """Positions where the prefill pauses to save a checkpoint (the last one is `end`).
     `stable`: how much of the prompt every continuation keeps (hybrid models, `save_points.py`);
     when that is less than `end - 1`, the state before the reply is saved there."""
@@ -138,9 +148,14 @@ def _prefill_stops(start: int, end: int, interval: int, save_last: bool,
     return sorted(s for s in stops if s > start)
 
 
-def follow_up_prefix(engine: Engine, messages: tuple[ChatMessage, ...], reply: str, *,
-                     reasoning: str = "", variables: Mapping[str, Any] | None = None
-                     ) -> list[int]:
+def follow_up_prefix(
+    engine: Engine,
+    messages: tuple[ChatMessage, ...],
+    reply: str,
+    *,
+    reasoning: str = "",
+    variables: Mapping[str, Any] | None = None,
+) -> list[int]:
     """The tokens every follow-up to this reply starts with: the conversation as the template
     renders it with the reply (its answer, and its reasoning as `reasoning_content`) in the
     history, up to where the next user message's text begins.
@@ -150,11 +165,12 @@ def follow_up_prefix(engine: Engine, messages: tuple[ChatMessage, ...], reply: s
     history = [*messages, ChatMessage("assistant", reply, reasoning)]
     a = engine.tokens_for([*history, ChatMessage("user", "A")], variables)
     b = engine.tokens_for([*history, ChatMessage("user", "B")], variables)
-    return a[:common_prefix(a, b)]
+    return a[: common_prefix(a, b)]
 
 
-def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int, *,
-                   reasoning: str = "") -> bool:
+def close_boundary(
+    engine: Engine, plan: TurnPlan, reply: str, n_generated: int, *, reasoning: str = ""
+) -> bool:
     """Bring the live context to the follow-up boundary so the next turn (and a checkpoint
     saved here) starts exactly where a cold render of the conversation would.
 
@@ -170,8 +186,7 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int,
     Returns True if the context now holds exactly the boundary."""
     model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
     assert model is not None and ctx is not None
-    target = follow_up_prefix(engine, plan.messages, reply, reasoning=reasoning,
-                              variables=plan.variables)
+    target = follow_up_prefix(engine, plan.messages, reply, reasoning=reasoning, variables=plan.variables)
     if len(target) >= ctx.n_ctx:
         return False  # no room for the template's closing tokens: the reply filled the context
     live = engine.live_tokens
@@ -200,11 +215,11 @@ def close_boundary(engine: Engine, plan: TurnPlan, reply: str, n_generated: int,
                 # drops its checkpoint: the next best one (or none) is weighed again
             if restored is None:
                 ctx.clear()
-            engine.live_tokens = live = list(target[:restored.n_tokens if restored else 0])
+            engine.live_tokens = live = list(target[: restored.n_tokens if restored else 0])
     for i, pos in enumerate(range(len(live), len(target), ctx.n_ubatch)):
         if i and plan.cancel.is_set():
             return False
-        chunk = target[pos:pos + ctx.n_ubatch]
+        chunk = target[pos : pos + ctx.n_ubatch]
         ctx.decode(chunk)
         live.extend(chunk)
     return True
@@ -236,8 +251,7 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
         yield TurnFailed(reason, split.answer, split.reasoning)
 
 
-def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
-                 ) -> Iterator[EngineEvent]:
+def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter) -> Iterator[EngineEvent]:
     model, ctx = engine.model, engine.ctx
     assert model is not None and ctx is not None
     tokens, cancel, settings = plan.tokens, plan.cancel, plan.sampling
@@ -269,13 +283,16 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
     # -- prefill, one ubatch per llama_decode, pausing at the save points
     interval = ck.settings.interval_tokens if ck else 0
     save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
-    stable = stable_prefix(lambda m: engine.tokens_for(m, plan.variables), plan.messages,
-                           tokens) if save_last and ck.exact else None
+    stable = (
+        stable_prefix(lambda m: engine.tokens_for(m, plan.variables), plan.messages, tokens)
+        if save_last and ck.exact
+        else None
+    )
     stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last, stable=stable)
     pos = cached
     for stop in stops:
         while pos < stop:
-            chunk = tokens[pos:min(stop, pos + ctx.n_ubatch)]
+            chunk = tokens[pos : min(stop, pos + ctx.n_ubatch)]
             ctx.decode(chunk)
             engine.live_tokens.extend(chunk)
             pos += len(chunk)
@@ -314,8 +331,7 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
                 t_last = now
                 decode_tokens += 1
                 raw = model.token_bytes(token)
-                part = split.feed(utf8.feed(raw), t=now,
-                                  control="" if raw else model.token_text(token))
+                part = split.feed(utf8.feed(raw), t=now, control="" if raw else model.token_text(token))
                 yield TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning)
                 if cancel.is_set():
                     finish = "cancelled"
@@ -336,8 +352,7 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
     close_s = 0.0
     if t_first is not None and finish != "context":
         t_close = time.perf_counter()
-        closed = close_boundary(engine, plan, split.answer, decode_tokens,
-                                reasoning=split.reasoning)
+        closed = close_boundary(engine, plan, split.answer, decode_tokens, reasoning=split.reasoning)
         close_s = time.perf_counter() - t_close
         if closed or not model.hybrid:
             yield from save_point()  # the follow-up boundary: where the next turn starts
@@ -345,19 +360,27 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter
     span = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
     stats = TurnStats(
         ttft_s=(t_first - plan.t_start) if t_first is not None else 0.0,
-        prompt_tokens=len(tokens), cached_tokens=cached, prefill_tokens=tail_len,
+        prompt_tokens=len(tokens),
+        cached_tokens=cached,
+        prefill_tokens=tail_len,
         prefill_s=prefill_s,
         prefill_tok_s=(tail_len / prefill_s) if tail_len and prefill_s > 0 else 0.0,
-        decode_tokens=decode_tokens, decode_s=span,
+        decode_tokens=decode_tokens,
+        decode_s=span,
         decode_tok_s=(decode_tokens - 1) / span if decode_tokens > 1 and span > 0 else 0.0,
         graphs_reused=perf2.n_reused - perf0.n_reused,
         llama_eval_ms=perf2.eval_ms - perf1.eval_ms,
         llama_prompt_eval_ms=perf1.prompt_eval_ms - perf0.prompt_eval_ms,
-        wall_ms=decode_wall * 1000.0, total_s=t_end - plan.t_start, finish_reason=finish,
-        checkpoint={"source": source, "restore_s": round(restore_s, 4), "saved": saved,
-                    "close_s": round(close_s, 4)},
+        wall_ms=decode_wall * 1000.0,
+        total_s=t_end - plan.t_start,
+        finish_reason=finish,
+        checkpoint={
+            "source": source,
+            "restore_s": round(restore_s, 4),
+            "saved": saved,
+            "close_s": round(close_s, 4),
+        },
         reasoning_tokens=split.reasoning_tokens,
-        first_answer_s=(split.first_answer_t - plan.t_start)
-        if split.first_answer_t is not None else None,
+        first_answer_s=(split.first_answer_t - plan.t_start) if split.first_answer_t is not None else None,
     )
     yield TurnDone(split.answer, stats, split.reasoning)

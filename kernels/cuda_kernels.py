@@ -237,10 +237,21 @@ class GatherLaunch(_Launch):
         if table_ptr % (4 if t == 0 else 2):
             raise ValueError(f"table address {table_ptr:#x} is not aligned for its type")
         u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
-        super().__init__("ple_gather_dequant", n_out_rows * row_dim, [
-            u64(table_ptr), i64(n_table_rows), i64(rb), i32(row_dim), i32(t),
-            u64(0 if rows is None else _ptr(rows)), i64(n_out_rows), u64(_ptr(out)), u64(_ptr(err)),
-        ])
+        super().__init__(
+            "ple_gather_dequant",
+            n_out_rows * row_dim,
+            [
+                u64(table_ptr),
+                i64(n_table_rows),
+                i64(rb),
+                i32(row_dim),
+                i32(t),
+                u64(0 if rows is None else _ptr(rows)),
+                i64(n_out_rows),
+                u64(_ptr(out)),
+                u64(_ptr(err)),
+            ],
+        )
 
 
 class DeviceHashSpec:
@@ -258,11 +269,24 @@ class DeviceHashSpec:
         """A prepared hash launch (see ple_hash in CUDA_SOURCE for `prev` None vs given)."""
         s = self.spec
         u64, i64, i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
-        return _Launch("ple_hash", n_tokens * s.n_heads, [
-            u64(_ptr(tok)), u64(0 if prev is None else _ptr(prev)), i64(n_hist), i64(n_tokens),
-            i32(s.n_prev), i32(s.n_heads), i32(s.heads_per_ngram), i64(s.eos_token_id),
-            u64(_ptr(self.mult)), u64(_ptr(self.offs)), u64(_ptr(self.vocab)), u64(_ptr(rows_out)),
-        ])
+        return _Launch(
+            "ple_hash",
+            n_tokens * s.n_heads,
+            [
+                u64(_ptr(tok)),
+                u64(0 if prev is None else _ptr(prev)),
+                i64(n_hist),
+                i64(n_tokens),
+                i32(s.n_prev),
+                i32(s.n_heads),
+                i32(s.heads_per_ngram),
+                i64(s.eos_token_id),
+                u64(_ptr(self.mult)),
+                u64(_ptr(self.offs)),
+                u64(_ptr(self.vocab)),
+                u64(_ptr(rows_out)),
+            ],
+        )
 
     def hash_prev(self, tokens: Any, prev: Any, n_tokens: int, rows_out: Any, stream: Any = None) -> None:
         """rows_out int32 [n_tokens * n_heads] from device tokens [n] and prev [n, n_prev]."""

@@ -109,8 +109,19 @@ def _libcuda() -> ctypes.CDLL:
     fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
     fn.restype = ctypes.c_int
     u = ctypes.c_uint
-    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_void_p]
+    lib.cuLaunchKernel.argtypes = [
+        ctypes.c_void_p,
+        u,
+        u,
+        u,
+        u,
+        u,
+        u,
+        u,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
     lib.cuLaunchKernel.restype = ctypes.c_int
     return lib
 

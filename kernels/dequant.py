@@ -122,9 +122,7 @@ def check_rows(rows: np.ndarray, n_rows: int) -> np.ndarray:
     return r
 
 
-def gather_dequant(
-    table: np.ndarray, ggml_type: int | str, row_dim: int, rows: np.ndarray
-) -> np.ndarray:
+def gather_dequant(table: np.ndarray, ggml_type: int | str, row_dim: int, rows: np.ndarray) -> np.ndarray:
     """Reference gather: table uint8 [n_rows, row_bytes], rows int [n_tokens, n_heads].
 
     Returns float32 [n_tokens, n_heads * row_dim], the layout of llama.cpp's `ple_embd`.
@@ -137,9 +135,7 @@ def gather_dequant(
     return out.reshape(rows.shape[0], rows.shape[1] * row_dim)
 
 
-def random_table(
-    ggml_type: int | str, n_rows: int, row_dim: int, rng: np.random.Generator
-) -> np.ndarray:
+def random_table(ggml_type: int | str, n_rows: int, row_dim: int, rng: np.random.Generator) -> np.ndarray:
     """Random rows of valid, finite content, as uint8 [n_rows, row_bytes].
 
     Floats are drawn as random bit patterns with a non-maximal exponent, so zeros, subnormals and

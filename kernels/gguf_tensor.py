@@ -67,8 +67,7 @@ def locate_tensor(path: str | os.PathLike[str], name: str, header: GGUFHeader | 
     row_dim = info.shape[0]
     n_rows = int(np.prod(info.shape[1:], dtype=np.int64))
     nbytes = row_nbytes(info.ggml_type, row_dim) * n_rows
-    return TableLocation(Path(path), name, info.ggml_type, info.shape,
-                         hdr.data_offset + info.offset, nbytes)
+    return TableLocation(Path(path), name, info.ggml_type, info.shape, hdr.data_offset + info.offset, nbytes)
 
 
 def _pack_string(s: str) -> bytes:

@@ -74,8 +74,14 @@ class PleHashSpec:
         """Read the spec from the `<arch>.ple.*` keys of a GGUF header (no tensor data read)."""
         md = read_header(Path(path), keep_arrays=True).metadata
         p = f"{arch or md.get('general.architecture', 'qwen4exp')}.ple."
-        keys = ("ngram_size", "heads_per_ngram", "eos_token_id",
-                "layer_multipliers", "head_offsets", "head_vocab_sizes")
+        keys = (
+            "ngram_size",
+            "heads_per_ngram",
+            "eos_token_id",
+            "layer_multipliers",
+            "head_offsets",
+            "head_vocab_sizes",
+        )
         missing = [p + k for k in keys if md.get(p + k) is None]
         if missing:
             raise KeyError(f"{path}: missing PLE keys {missing}")

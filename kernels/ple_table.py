@@ -122,8 +122,14 @@ class PleTable:
             self._raw_dev: Any = None
             self._staging_done = cupy.cuda.Event(disable_timing=True)
             self._staging_done.record()
-        log.info("PLE table %s: %s, %.2f GiB, mode %s (%s)", loc.path.name, loc.type_name,
-                 loc.nbytes / 2**30, self.mode, self.mode_reason)
+        log.info(
+            "PLE table %s: %s, %.2f GiB, mode %s (%s)",
+            loc.path.name,
+            loc.type_name,
+            loc.nbytes / 2**30,
+            self.mode,
+            self.mode_reason,
+        )
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], tensor_name: str = PLE_TENSOR, **kwargs: Any) -> PleTable:
@@ -140,19 +146,24 @@ class PleTable:
         avail = mem_available_bytes()
         limit = int(avail * self.max_register_fraction)
         if self._map_len > limit:
-            return (f"pinning {_size(self._map_len)} would exceed max_register_fraction="
-                    f"{self.max_register_fraction:g} of the {_size(avail)} RAM available "
-                    f"(limit {_size(limit)})")
+            return (
+                f"pinning {_size(self._map_len)} would exceed max_register_fraction="
+                f"{self.max_register_fraction:g} of the {_size(avail)} RAM available "
+                f"(limit {_size(limit)})"
+            )
         return None
 
     def _choose(self, mode: str) -> tuple[Mode, str]:
         a = self.access
-        pageable_why = ("device reads pageable host memory (cudaDevAttrPageableMemoryAccess=1"
-                        f"{', host page tables' if a.uses_host_page_tables else ''})")
+        pageable_why = (
+            "device reads pageable host memory (cudaDevAttrPageableMemoryAccess=1"
+            f"{', host page tables' if a.uses_host_page_tables else ''})"
+        )
         if mode == "pageable":
             if not a.pageable_memory_access:
-                raise PleTableError(f"pageable mode unavailable: {a.name} reports "
-                                    "cudaDevAttrPageableMemoryAccess=0")
+                raise PleTableError(
+                    f"pageable mode unavailable: {a.name} reports cudaDevAttrPageableMemoryAccess=0"
+                )
             return "pageable", pageable_why
         if mode == "registered":
             refusal = self._register_refusal()
@@ -196,17 +207,24 @@ class PleTable:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "path": str(self.loc.path), "tensor": self.loc.name, "type": self.loc.type_name,
-            "row_dim": self.row_dim, "n_rows": self.n_rows, "bytes": self.loc.nbytes,
-            "mode": self.mode, "mode_reason": self.mode_reason, "access": self.access.as_dict(),
+            "path": str(self.loc.path),
+            "tensor": self.loc.name,
+            "type": self.loc.type_name,
+            "row_dim": self.row_dim,
+            "n_rows": self.n_rows,
+            "bytes": self.loc.nbytes,
+            "mode": self.mode,
+            "mode_reason": self.mode_reason,
+            "access": self.access.as_dict(),
             "stage_above_rows": self.stage_above_rows if self.mode == "registered" else None,
         }
 
     def _stages(self, n_out: int) -> bool:
         if self.mode == "staged":
             return True
-        return (self.mode == "registered" and self.stage_above_rows is not None
-                and n_out > self.stage_above_rows)
+        return (
+            self.mode == "registered" and self.stage_above_rows is not None and n_out > self.stage_above_rows
+        )
 
     def _grow(self, n_rows_out: int, staged: bool) -> None:
         import cupy
@@ -242,8 +260,9 @@ class PleTable:
             if on_device:
                 if rows.dtype != np.int32 or not rows.flags.c_contiguous:
                     raise ValueError("device rows must be contiguous int32")
-                GatherLaunch(self.device_ptr, self.n_rows, self.ggml_type, self.row_dim, rows,
-                             n_out, out, self._err)(strm)
+                GatherLaunch(
+                    self.device_ptr, self.n_rows, self.ggml_type, self.row_dim, rows, n_out, out, self._err
+                )(strm)
                 return
             idx = check_rows(rows, self.n_rows).reshape(-1)
             self._staging_done.synchronize()  # the previous reads of the pinned buffers are done
@@ -251,14 +270,24 @@ class PleTable:
             self._grow(n_out, staged)
             if staged:
                 np.take(self._host, idx, axis=0, out=self._raw_pinned[:n_out])
-                cupy.cuda.runtime.memcpyAsync(self._raw_dev.data.ptr, self._raw_pinned.ctypes.data,
-                                              n_out * self.row_bytes, 1, strm.ptr)
-                GatherLaunch(self._raw_dev.data.ptr, n_out, self.ggml_type, self.row_dim, None,
-                             n_out, out, self._err)(strm)
+                cupy.cuda.runtime.memcpyAsync(
+                    self._raw_dev.data.ptr, self._raw_pinned.ctypes.data, n_out * self.row_bytes, 1, strm.ptr
+                )
+                GatherLaunch(
+                    self._raw_dev.data.ptr, n_out, self.ggml_type, self.row_dim, None, n_out, out, self._err
+                )(strm)
             else:
                 self._idx_pinned[:n_out] = idx  # pinned host memory is device-readable (UVA)
-                GatherLaunch(self.device_ptr, self.n_rows, self.ggml_type, self.row_dim,
-                             self._idx_pinned.ctypes.data, n_out, out, self._err)(strm)
+                GatherLaunch(
+                    self.device_ptr,
+                    self.n_rows,
+                    self.ggml_type,
+                    self.row_dim,
+                    self._idx_pinned.ctypes.data,
+                    n_out,
+                    out,
+                    self._err,
+                )(strm)
             self._staging_done.record(strm)
 
     def raise_on_bad_rows(self, stream: Any = None) -> None:
@@ -270,8 +299,10 @@ class PleTable:
             flag, out_row, bad = (int(x) for x in self._err.get())
             if flag:
                 self._err.fill(0)
-                raise IndexError(f"row index {bad} (output row {out_row}) outside the table of "
-                                 f"{self.n_rows} rows; nothing was read for it")
+                raise IndexError(
+                    f"row index {bad} (output row {out_row}) outside the table of "
+                    f"{self.n_rows} rows; nothing was read for it"
+                )
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -53,14 +53,10 @@ class ImportedSession:
 
 
 def iso_utc(timestamp: float) -> str:
-    return (
-        datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    )
+    return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def export_json(
-    session: Session, messages: Sequence[Message], exported_at: float
-) -> dict[str, Any]:
+def export_json(session: Session, messages: Sequence[Message], exported_at: float) -> dict[str, Any]:
     """The versioned JSON document for one session (a dict; the caller serialises it)."""
     return {
         "format": FORMAT,
@@ -111,8 +107,7 @@ def export_markdown(session: Session, messages: Sequence[Message]) -> str:
     for message in messages:
         lines += [f"## {message.role.capitalize()}", ""]
         if message.reasoning:  # collapsed, as in the transcript
-            lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "",
-                      "</details>", ""]
+            lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "", "</details>", ""]
         lines.append(message.content)
         if message.status != "complete":
             lines += ["", f"*({message.status})*"]
@@ -158,8 +153,7 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
         profile=profile,
         system_prompt=_get(raw, "system_prompt", str, "session", optional=True) or "",
         model_fingerprint=_get(raw, "model_fingerprint", str, "session", optional=True),
-        messages=tuple(_message(m, f"messages[{i}]", created_at, version)
-                       for i, m in enumerate(items)),
+        messages=tuple(_message(m, f"messages[{i}]", created_at, version) for i, m in enumerate(items)),
     )
 
 
@@ -167,14 +161,10 @@ def _message(item: object, where: str, default_time: float, version: int) -> Imp
     raw = _mapping(item, where)
     role = _get(raw, "role", str, where)
     if role not in ROLES:
-        raise InvalidImport(
-            _PREFIX + f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})"
-        )
+        raise InvalidImport(_PREFIX + f"{where}.role must be one of {', '.join(ROLES)} (got {role!r})")
     status = _get(raw, "status", str, where, optional=True) or "complete"
     if status not in STATUSES:
-        raise InvalidImport(
-            _PREFIX + f"{where}.status must be one of {', '.join(STATUSES)} (got {status!r})"
-        )
+        raise InvalidImport(_PREFIX + f"{where}.status must be one of {', '.join(STATUSES)} (got {status!r})")
     stats = raw.get("stats")
     if stats is None:
         stats = {}
@@ -217,9 +207,7 @@ def _get(raw: Mapping[str, Any], key: str, kind: type, where: str, optional: boo
     if value is None and optional:
         return None
     if not isinstance(value, kind):
-        raise InvalidImport(
-            _PREFIX + f"{where}.{key} must be a {kind.__name__} (got {_kind(value)})"
-        )
+        raise InvalidImport(_PREFIX + f"{where}.{key} must be a {kind.__name__} (got {_kind(value)})")
     return replace_surrogates(value) if kind is str else value  # a "\ud800" escape
 
 
@@ -228,9 +216,7 @@ def _count(raw: Mapping[str, Any], key: str, where: str) -> int | None:
     if value is None:
         return None
     if not _is_int(value) or value < 0:
-        raise InvalidImport(
-            _PREFIX + f"{where}.{key} must be a non-negative integer (got {value!r})"
-        )
+        raise InvalidImport(_PREFIX + f"{where}.{key} must be a non-negative integer (got {value!r})")
     return value
 
 

@@ -83,4 +83,3 @@ def decode_text(data: bytes, what: str) -> CleanText:
     if b"\0" in data:
         raise BinaryInput(f"{what} is binary (it contains NUL bytes), not text; nothing was stored")
     return _count_and_replace(data.decode("utf-8", errors="surrogateescape"))
-

@@ -81,8 +81,9 @@ def _v2_reasoning(conn: sqlite3.Connection) -> None:
     for message_id, content in rows:
         thinking, answer = split_inline(content)
         if thinking is not None:
-            conn.execute("UPDATE messages SET content = ?, reasoning = ? WHERE id = ?",
-                         (answer, thinking, message_id))
+            conn.execute(
+                "UPDATE messages SET content = ?, reasoning = ? WHERE id = ?", (answer, thinking, message_id)
+            )
 
 
 MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_v1_initial, _v2_reasoning)

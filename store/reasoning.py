@@ -21,8 +21,8 @@ def split_inline(text: str) -> tuple[str | None, str]:
     stripped = text.lstrip()
     if not stripped.startswith(INLINE_OPEN):
         return None, text
-    body = stripped[len(INLINE_OPEN):]
+    body = stripped[len(INLINE_OPEN) :]
     end = body.find(INLINE_CLOSE)
     if end < 0:
         return body.strip("\n"), ""
-    return body[:end].strip("\n"), body[end + len(INLINE_CLOSE):].lstrip("\n")
+    return body[:end].strip("\n"), body[end + len(INLINE_CLOSE) :].lstrip("\n")

@@ -54,6 +54,7 @@ from .search import find
 
 log = logging.getLogger(__name__)
 
+
 class SessionStore:
     """Sessions and messages in one SQLite file. Use as a context manager, or call `close`.
 
@@ -84,9 +85,7 @@ class SessionStore:
         try:
             private_database_file(self.path)
         except OSError as exc:
-            raise StoreReadOnly(
-                f"cannot create the session database {self.path}: {exc.strerror}"
-            ) from exc
+            raise StoreReadOnly(f"cannot create the session database {self.path}: {exc.strerror}") from exc
         try:
             conn = sqlite3.connect(
                 self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -185,8 +184,7 @@ class SessionStore:
         """Most recently updated first."""
         with self._transaction() as conn:
             found = conn.execute(
-                f"SELECT {rows.SESSION_COLUMNS} FROM sessions ORDER BY updated_at DESC, rowid DESC "
-                "LIMIT ?",
+                f"SELECT {rows.SESSION_COLUMNS} FROM sessions ORDER BY updated_at DESC, rowid DESC LIMIT ?",
                 (-1 if limit is None else limit,),
             ).fetchall()
         return [Session(**dict(row)) for row in found]
@@ -225,8 +223,7 @@ class SessionStore:
     def delete(self, session_id: str) -> None:
         """Delete the session and (by cascade) its messages; its forks keep their copies."""
         with self._transaction(write=True) as conn:
-            if conn.execute("DELETE FROM sessions WHERE id = ?",
-                            (rows.text(session_id),)).rowcount == 0:
+            if conn.execute("DELETE FROM sessions WHERE id = ?", (rows.text(session_id),)).rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r}")
 
     def resolve_id(self, prefix: str) -> str:
@@ -274,8 +271,17 @@ class SessionStore:
         reasoning = rows.check_content(reasoning, "reasoning")
         stats_json = rows.stats_json(stats)
         with self._transaction(write=True) as conn:
-            return self._append(conn, session_id, role, content, status, prompt_tokens,
-                                completion_tokens, stats_json, reasoning)
+            return self._append(
+                conn,
+                session_id,
+                role,
+                content,
+                status,
+                prompt_tokens,
+                completion_tokens,
+                stats_json,
+                reasoning,
+            )
 
     def add_exchange(
         self, session_id: str, user_text: str, *, replace_after: int | None = None
@@ -290,18 +296,26 @@ class SessionStore:
         with self._transaction(write=True) as conn:
             if replace_after is not None:
                 rows.session(conn, session_id)
-                conn.execute("DELETE FROM messages WHERE session_id = ? AND position > ?",
-                             (session_id, replace_after))
+                conn.execute(
+                    "DELETE FROM messages WHERE session_id = ? AND position > ?", (session_id, replace_after)
+                )
             no_stats = rows.stats_json(None)
-            user = self._append(conn, session_id, "user", content, "complete", None, None,
-                                no_stats)
-            reply = self._append(conn, session_id, "assistant", "", "interrupted", None, None,
-                                 no_stats)
+            user = self._append(conn, session_id, "user", content, "complete", None, None, no_stats)
+            reply = self._append(conn, session_id, "assistant", "", "interrupted", None, None, no_stats)
             return user, reply
 
-    def _append(self, conn: sqlite3.Connection, session_id: str, role: str, content: str,
-                status: str, prompt_tokens: int | None, completion_tokens: int | None,
-                stats_json: str, reasoning: str = "") -> Message:
+    def _append(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        role: str,
+        content: str,
+        status: str,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        stats_json: str,
+        reasoning: str = "",
+    ) -> Message:
         now = self._clock()  # read under the lock: positions and times agree in order
         session = rows.session(conn, session_id)
         position = conn.execute(
@@ -376,16 +390,12 @@ class SessionStore:
                 "DELETE FROM messages WHERE session_id = ? AND position > ?", (session_id, position)
             ).rowcount
             if deleted:
-                conn.execute(
-                    "UPDATE sessions SET updated_at = ? WHERE id = ?", (self._clock(), session_id)
-                )
+                conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (self._clock(), session_id))
         return deleted
 
     # -- search -----------------------------------------------------------------------------
 
-    def search(
-        self, query: str, *, session_id: str | None = None, limit: int = 50
-    ) -> list[SearchHit]:
+    def search(self, query: str, *, session_id: str | None = None, limit: int = 50) -> list[SearchHit]:
         """Messages containing every word of `query`, best first (FTS5 rank, or most recent
         session first on the LIKE path). An empty query finds nothing."""
         if not query.strip():
@@ -442,9 +452,7 @@ class SessionStore:
 
     def export_markdown(self, session_id: str) -> str:
         with self._transaction() as conn:
-            return exchange.export_markdown(
-                rows.session(conn, session_id), rows.messages(conn, session_id)
-            )
+            return exchange.export_markdown(rows.session(conn, session_id), rows.messages(conn, session_id))
 
     def export_json(self, session_id: str) -> dict[str, Any]:
         """The versioned JSON document (`exchange.FORMAT`, `exchange.FORMAT_VERSION`)."""

@@ -40,18 +40,14 @@ def optional_text(value: str | None) -> str | None:
 
 
 def session(conn: sqlite3.Connection, session_id: str) -> Session:
-    row = conn.execute(
-        f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (text(session_id),)
-    ).fetchone()
+    row = conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (text(session_id),)).fetchone()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
     return Session(**dict(row))
 
 
 def message(conn: sqlite3.Connection, message_id: int | None) -> Message:
-    row = conn.execute(
-        f"SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (message_id,)
-    ).fetchone()
+    row = conn.execute(f"SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (message_id,)).fetchone()
     if row is None:
         raise MessageNotFound(f"no message {message_id!r}")
     return message_from_row(row)
@@ -103,9 +99,7 @@ def insert_message(
     return cursor.lastrowid
 
 
-def update_row(
-    conn: sqlite3.Connection, table: str, row_id: object, changes: dict[str, Any]
-) -> None:
+def update_row(conn: sqlite3.Connection, table: str, row_id: object, changes: dict[str, Any]) -> None:
     """`UPDATE table SET k = ? ... WHERE id = ?`; the keys are column names chosen by the store,
     never by the caller, so building the statement from them is safe."""
     assignments = ", ".join(f"{name} = ?" for name in changes)

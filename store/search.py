@@ -41,9 +41,7 @@ def fts_query(query: str) -> str | None:
 
 def like_terms(query: str) -> list[str]:
     """Whitespace-separated terms of `query`, each a LIKE pattern with `\\` as the escape."""
-    escaped = (
-        term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") for term in query.split()
-    )
+    escaped = (term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") for term in query.split())
     return [f"%{term}%" for term in escaped]
 
 

@@ -33,8 +33,7 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-                  ) -> Path:
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test runs with its own VELO_CHAT_HOME, so nothing lands in the user's dirs."""
     home = tmp_path_factory.mktemp("velo-home")
     monkeypatch.setenv("VELO_CHAT_HOME", str(home))
@@ -62,11 +61,9 @@ def bare_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smol_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory
-                ) -> Iterator[Engine]:
+def smol_engine(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """One loaded SmolLM2 engine for the session; tests call `reset()` when they need cold."""
-    engine = Engine(test_profile(smollm2_path),
-                    checkpoint_root=tmp_path_factory.mktemp("smol-checkpoints"))
+    engine = Engine(test_profile(smollm2_path), checkpoint_root=tmp_path_factory.mktemp("smol-checkpoints"))
     engine.load()
     yield engine
     engine.close()

@@ -16,8 +16,12 @@ from velo_chat.engine.chat_template import ChatMessage, ChatTemplate
 
 from tests.support.llama_templates import read_template, templates_dir
 
-CHAT = [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi there"),
-        ChatMessage("assistant", "Hello, how can I help?"), ChatMessage("user", "Count to 3")]
+CHAT = [
+    ChatMessage("system", "Be brief."),
+    ChatMessage("user", "Hi there"),
+    ChatMessage("assistant", "Hello, how can I help?"),
+    ChatMessage("user", "Count to 3"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +44,9 @@ def render(folder: Path, name: str, messages=CHAT) -> str:
     return text
 
 
-@pytest.mark.parametrize("name", ["Cohere2MoE", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
-                                  "Kimi-K3", "Reka-Edge"])
+@pytest.mark.parametrize(
+    "name", ["Cohere2MoE", "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "Kimi-K3", "Reka-Edge"]
+)
 def test_break_and_continue_parse(folder, name):
     """HF enables Jinja's `loopcontrols`; without it these stop at "unknown tag 'break'"."""
     assert "Count to 3" in render(folder, name)
@@ -75,5 +80,4 @@ def test_tojson_is_hf_s():
     """Not HTML-escaped, and with HF's keyword arguments."""
     value = {"b": "<a & 'c'>", "a": [1, 2]}
     assert template_env.tojson(value) == json.dumps(value, ensure_ascii=False)
-    assert template_env.tojson(value, indent=2, sort_keys=True) == json.dumps(
-        value, indent=2, sort_keys=True)
+    assert template_env.tojson(value, indent=2, sort_keys=True) == json.dumps(value, indent=2, sort_keys=True)

@@ -61,8 +61,7 @@ def cold_text(path: Path, messages=Q) -> str:
 
 
 @pytest.mark.parametrize("damage", ["flip_payload_byte", "truncate", "garbage_header"])
-def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, tmp_path,
-                                                                  damage):
+def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, tmp_path, damage):
     root = tmp_path / "ckpt"
     first, files = seed_checkpoints(smollm2_path, root)
     for f in files:
@@ -103,8 +102,7 @@ def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path):
     assert done.stats.cached_tokens == n_prefill_end
 
 
-def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path, qwen_path,
-                                                                    tmp_path):
+def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path, qwen_path, tmp_path):
     root = tmp_path / "ckpt"
     seed_checkpoints(smollm2_path, root)
     smol_dir = next(root.iterdir())
@@ -120,8 +118,9 @@ def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path,
     # Other context parameters (KV cache type): a separate directory, never a candidate.
     done, warnings = fresh_turn(smollm2_path, root)
     assert done.stats.checkpoint["source"] == "disk"
-    other = test_profile(smollm2_path, context={"type_k": "f32", "type_v": "f32"},
-                         checkpoints={"interval_tokens": 0})
+    other = test_profile(
+        smollm2_path, context={"type_k": "f32", "type_v": "f32"}, checkpoints={"interval_tokens": 0}
+    )
     with Engine(other, checkpoint_root=root) as engine:
         engine.load()
         f32_dir = engine.checkpoints.disk.dir
@@ -154,8 +153,7 @@ def test_disk_budget_is_never_exceeded(smollm2_path, tmp_path):
     _, files = seed_checkpoints(smollm2_path, root)
     one = max(f.stat().st_size for f in files)
     budget_gib = 2.5 * one / 2**30  # room for two files, not three
-    with Engine(profile(smollm2_path, disk_budget_gib=budget_gib),
-                checkpoint_root=root) as engine:
+    with Engine(profile(smollm2_path, disk_budget_gib=budget_gib), checkpoint_root=root) as engine:
         engine.load()
         for i in range(3):
             turn(engine, [ChatMessage("user", f"Count to {i + 3}.")])
@@ -206,9 +204,13 @@ with Engine(p, checkpoint_root=Path(sys.argv[2])) as e:
 
 
 def test_full_disk(smollm2_path, tmp_path):
-    proc = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(smollm2_path),
-                           str(tmp_path / "ckpt")], capture_output=True, text=True,
-                          cwd=Path(__file__).parent.parent, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_CHILD, str(smollm2_path), str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "WARNING could not save checkpoint" in proc.stdout
     assert not list((tmp_path / "ckpt").glob(f"*/*{cf.SUFFIX}"))
@@ -241,8 +243,12 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path):
     from velo_chat.engine.checkpoint_tiers import DiskTier
 
     root = tmp_path / "ckpt"
-    child = subprocess.Popen([sys.executable, "-c", KILL_WRITER_CHILD, str(root)],
-                             cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILL_WRITER_CHILD, str(root)],
+        cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "mid-write"
         assert list(root.glob("*/.*.tmp")), "the writer should be mid-write"
@@ -263,9 +269,20 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path):
 
 def test_sigkill_while_generating_keeps_the_messages(velo_home):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "velo_chat.app.cli", "ask", "Write a long story about a cat.",
-         "--max-tokens", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ}, cwd=Path(__file__).parent.parent)
+        [
+            sys.executable,
+            "-m",
+            "velo_chat.app.cli",
+            "ask",
+            "Write a long story about a cat.",
+            "--max-tokens",
+            "2000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
+        cwd=Path(__file__).parent.parent,
+    )
     db = velo_home / "data" / "sessions.sqlite3"
     try:
         # Kill it once part of the reply has reached the store (it is flushed about once a
@@ -291,8 +308,9 @@ def _reply_stored(db: Path) -> bool:
         return False
     try:
         with closing(sqlite3.connect(db, timeout=1)) as conn:
-            row = conn.execute("SELECT length(content) FROM messages WHERE role = 'assistant' "
-                               "ORDER BY position DESC LIMIT 1").fetchone()
+            row = conn.execute(
+                "SELECT length(content) FROM messages WHERE role = 'assistant' ORDER BY position DESC LIMIT 1"
+            ).fetchone()
     except sqlite3.Error:  # not created yet, or busy
         return False
     return bool(row and row[0])
@@ -311,8 +329,7 @@ def test_database_locked_by_another_process(velo_home):
     first = run_cli("ask", "Hello!", "--max-tokens", "4", "--json")
     assert first.returncode == 0, first.stderr
     db = velo_home / "data" / "sessions.sqlite3"
-    holder = subprocess.Popen([sys.executable, "-c", LOCK_CHILD, str(db)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_CHILD, str(db)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         proc = run_cli("ask", "Are you there?", "--max-tokens", "4")

@@ -94,8 +94,7 @@ def test_disk_tier_ties_pick_the_smaller_state_in_any_order(tmp_path):
     tier.close()
 
 
-def test_find_prefers_the_smaller_state_across_tiers_and_ram_on_equal_size(smol_engine,
-                                                                           tmp_path):
+def test_find_prefers_the_smaller_state_across_tiers_and_ram_on_equal_size(smol_engine, tmp_path):
     settings = CheckpointSettings(ram_budget_mib=16, disk_budget_gib=1.0)
     ck = Checkpoints(settings, fingerprint=FP, ctx=smol_engine.ctx, hybrid=False, root=tmp_path)
     try:
@@ -116,26 +115,34 @@ def test_find_prefers_the_smaller_state_across_tiers_and_ram_on_equal_size(smol_
 # -- headers that lie about the file's size ---------------------------------------------------
 
 
-def _crafted(path: Path, *, n_tokens: int, payload_bytes: int, real_tokens: int = 4,
-             real_payload: int = 64) -> Path:
+def _crafted(
+    path: Path, *, n_tokens: int, payload_bytes: int, real_tokens: int = 4, real_payload: int = 64
+) -> Path:
     """A checkpoint file whose header claims `n_tokens` / `payload_bytes` but holds fewer."""
     toks = np.arange(real_tokens, dtype=np.int32)
-    header = cf.CheckpointHeader(FP, LAYOUT, n_tokens, cf.tokens_digest(toks), payload_bytes,
-                                 "sha256-16MiB:" + "0" * 64)
+    header = cf.CheckpointHeader(
+        FP, LAYOUT, n_tokens, cf.tokens_digest(toks), payload_bytes, "sha256-16MiB:" + "0" * 64
+    )
     raw = header.to_json()
-    path.write_bytes(cf._FIXED.pack(cf.MAGIC, cf.FORMAT_VERSION, len(raw)) + raw
-                     + toks.astype("<i4").tobytes() + bytes(real_payload))
+    path.write_bytes(
+        cf._FIXED.pack(cf.MAGIC, cf.FORMAT_VERSION, len(raw))
+        + raw
+        + toks.astype("<i4").tobytes()
+        + bytes(real_payload)
+    )
     return path
 
 
-@pytest.mark.parametrize(("n_tokens", "payload_bytes", "why"), [
-    (2**50, 64, "token count"),        # would ask for a 4 PiB read before the fix
-    (4, 2**50, "payload"),
-    (-3, 64, "token count"),
-    (4, -64, "payload"),
-])
-def test_a_header_is_checked_against_the_file_size_before_reading(tmp_path, n_tokens,
-                                                                  payload_bytes, why):
+@pytest.mark.parametrize(
+    ("n_tokens", "payload_bytes", "why"),
+    [
+        (2**50, 64, "token count"),  # would ask for a 4 PiB read before the fix
+        (4, 2**50, "payload"),
+        (-3, 64, "token count"),
+        (4, -64, "payload"),
+    ],
+)
+def test_a_header_is_checked_against_the_file_size_before_reading(tmp_path, n_tokens, payload_bytes, why):
     path = _crafted(tmp_path / f"x{cf.SUFFIX}", n_tokens=n_tokens, payload_bytes=payload_bytes)
     with pytest.raises(cf.CheckpointInvalid, match=why):
         cf.read_header(path)
@@ -183,8 +190,7 @@ def wait_until(condition, timeout: float = 60.0) -> None:
         time.sleep(0.001)
 
 
-def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp_path,
-                                                                 held_writes):
+def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp_path, held_writes):
     """A disk slower than the saves: the states queued for it count against the RAM budget,
     shared with the RAM tier (one array), and the oldest waiting ones are dropped, not the
     newest."""
@@ -203,11 +209,10 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
         assert 0 < _traced() - base < 1.5 * one  # RAM entry and queued write share one array
         sizes = [one]
         for n in range(16, len(tokens) + 1, 8):
-            ctx.decode(tokens[n - 8:n])
+            ctx.decode(tokens[n - 8 : n])
             sizes.append(ck.save(ctx, tokens[:n])[1])
             # The budget, plus at most the write in progress and the newest state.
-            assert _traced() - base <= settings.ram_budget_mib * 2**20 + sizes[0] + sizes[-1] \
-                + 256 * 1024
+            assert _traced() - base <= settings.ram_budget_mib * 2**20 + sizes[0] + sizes[-1] + 256 * 1024
         assert sum(sizes) > 3 * settings.ram_budget_mib * 2**20  # the bound did matter
     finally:
         tracemalloc.stop()
@@ -221,8 +226,9 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
     smol_engine.reset()
 
 
-def test_close_gives_up_on_a_stuck_disk_within_its_timeout(smol_engine, tmp_path, held_writes,
-                                                          monkeypatch, caplog):
+def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
+    smol_engine, tmp_path, held_writes, monkeypatch, caplog
+):
     from velo_chat.engine import checkpoint_tiers
 
     monkeypatch.setattr(checkpoint_tiers, "ABANDON_GRACE_S", 0.1)

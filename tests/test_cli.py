@@ -14,9 +14,19 @@ import pytest
 
 from tests.support.engine_helpers import run_cli
 
-STATS_KEYS = {"ttft_s", "prompt_tokens", "cached_tokens", "prefill_tokens", "prefill_tok_s",
-              "decode_tokens", "decode_tok_s", "graphs_reused", "llama_eval_ms", "wall_ms",
-              "checkpoint"}
+STATS_KEYS = {
+    "ttft_s",
+    "prompt_tokens",
+    "cached_tokens",
+    "prefill_tokens",
+    "prefill_tok_s",
+    "decode_tokens",
+    "decode_tok_s",
+    "graphs_reused",
+    "llama_eval_ms",
+    "wall_ms",
+    "checkpoint",
+}
 
 
 def ask_json(*args: str) -> dict:
@@ -150,8 +160,9 @@ def test_invalid_profile_value(velo_home):
     profiles = velo_home / "config" / "profiles"
     profiles.mkdir(parents=True, exist_ok=True)
     (profiles / "broken.toml").write_text("[sampling]\ntemperature = 9.5\n")
-    assert_user_error(run_cli("ask", "hi", "--profile", "broken"), "sampling.temperature",
-                      "between 0.0 and 5.0")
+    assert_user_error(
+        run_cli("ask", "hi", "--profile", "broken"), "sampling.temperature", "between 0.0 and 5.0"
+    )
     (profiles / "typo.toml").write_text("[context]\nn_ctxx = 10\n")
     assert_user_error(run_cli("--profile", "typo", "--print-config"), "context.n_ctxx")
     (profiles / "syntax.toml").write_text("[context\n")
@@ -184,10 +195,13 @@ def test_default_model_missing_says_how_to_fix(bare_home):
     assert_user_error(proc, "velo-chat fetch-model")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("sessions", "show", "zzzz"), "zzzz"),
-    (("ask", "   "), "empty"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (("sessions", "show", "zzzz"), "zzzz"),
+        (("ask", "   "), "empty"),
+    ],
+)
 def test_other_user_errors(velo_home, args, fragment):
     assert_user_error(run_cli(*args), fragment)
 
@@ -209,8 +223,18 @@ def test_profiles_and_print_config(velo_home):
 
 
 def test_bench_json_reports_every_number(velo_home):
-    proc = run_cli("bench", "--json", "--prefill-sizes", "64,128", "--decode-tokens", "16",
-                   "--repeats", "1", "--resume-tokens", "1024")
+    proc = run_cli(
+        "bench",
+        "--json",
+        "--prefill-sizes",
+        "64,128",
+        "--decode-tokens",
+        "16",
+        "--repeats",
+        "1",
+        "--resume-tokens",
+        "1024",
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert [row["tokens"] > 0 for row in data["prefill"]] == [True, True]

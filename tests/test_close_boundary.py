@@ -23,19 +23,31 @@ from velo_chat.engine.turn_runner import TurnPlan, close_boundary, follow_up_pre
 from tests.support.engine_helpers import test_profile
 
 UBATCH = 16
-LONG = [ChatMessage("user", " ".join(f"Item {i}: a line of context." for i in range(12))
-                    + " Summarise the items.")]
+LONG = [
+    ChatMessage(
+        "user", " ".join(f"Item {i}: a line of context." for i in range(12)) + " Summarise the items."
+    )
+]
 REPLY = " ".join(["The items are lines of context, numbered from zero to twenty-nine."] * 5)
 
 
 def profile(path: Path, **checkpoints):
-    return test_profile(path, context={"n_batch": UBATCH, "n_ubatch": UBATCH},
-                        checkpoints={"interval_tokens": 0, **checkpoints})
+    return test_profile(
+        path,
+        context={"n_batch": UBATCH, "n_ubatch": UBATCH},
+        checkpoints={"interval_tokens": 0, **checkpoints},
+    )
 
 
 def plan_for(messages) -> TurnPlan:
-    return TurnPlan(messages=tuple(messages), tokens=[], sampling=SamplingSettings(),
-                    cancel=threading.Event(), t_start=0.0, ignore_eos=False)
+    return TurnPlan(
+        messages=tuple(messages),
+        tokens=[],
+        sampling=SamplingSettings(),
+        cancel=threading.Event(),
+        t_start=0.0,
+        ignore_eos=False,
+    )
 
 
 def live_after_a_mismatched_reply(engine: Engine, messages) -> tuple[list[int], list[int]]:
@@ -47,7 +59,7 @@ def live_after_a_mismatched_reply(engine: Engine, messages) -> tuple[list[int], 
     engine.ctx.decode(prompt + sampled)
     engine.live_tokens = prompt + sampled
     target = follow_up_prefix(engine, tuple(messages), REPLY)
-    assert target[:len(prompt)] == prompt and target[len(prompt)] != sampled[0]
+    assert target[: len(prompt)] == prompt and target[len(prompt)] != sampled[0]
     return prompt, target
 
 
@@ -68,8 +80,7 @@ def test_a_failed_restore_is_not_followed_by_a_prefill_past_the_budget(qwen_path
         for key in list(engine.checkpoints.ram.entries):  # only the disk copies are left
             engine.checkpoints.ram.drop(key)
         prompt, target = live_after_a_mismatched_reply(engine, LONG)
-        saved = [f for f in root.glob(f"*/*{cf.SUFFIX}")
-                 if cf.read_header(f)[0].n_tokens == len(prompt) - 1]
+        saved = [f for f in root.glob(f"*/*{cf.SUFFIX}") if cf.read_header(f)[0].n_tokens == len(prompt) - 1]
         assert len(saved) == 1
         data = bytearray(saved[0].read_bytes())
         data[-1] ^= 0x01
@@ -107,7 +118,7 @@ def test_a_cancelled_turn_stops_the_boundary_prefill_within_one_ubatch(model, re
         finally:
             del engine.ctx.decode
         assert calls == [UBATCH]
-        assert engine.live_tokens == target[:start + UBATCH]
+        assert engine.live_tokens == target[: start + UBATCH]
         assert context_len(engine) == len(engine.live_tokens)
 
 

@@ -11,7 +11,11 @@ from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine, PromptTooLong
 from velo_chat.engine.turn_runner import Utf8Stream
 from velo_chat.engine.events import (
-    CheckpointSaved, PrefillProgress, TokenDelta, TurnDone, TurnStarted,
+    CheckpointSaved,
+    PrefillProgress,
+    TokenDelta,
+    TurnDone,
+    TurnStarted,
 )
 
 from tests.support.engine_helpers import test_profile
@@ -44,8 +48,7 @@ def test_events_arrive_in_order_with_consistent_counts(smol_engine):
     assert isinstance(events[0], TurnStarted)
     saved = [e for e in events if isinstance(e, CheckpointSaved)]
     # The end of the prefill (minus its last token) and the end of the reply.
-    assert [s.tokens for s in saved] == [events[0].prompt_tokens - 1,
-                                         len(smol_engine.live_tokens)]
+    assert [s.tokens for s in saved] == [events[0].prompt_tokens - 1, len(smol_engine.live_tokens)]
     assert all(s.bytes > 0 for s in saved)
     events = [e for e in events if not isinstance(e, CheckpointSaved)]
     kinds = [type(e).__name__ for e in events]
@@ -72,8 +75,7 @@ def test_events_arrive_in_order_with_consistent_counts(smol_engine):
 def test_follow_up_reuses_the_live_context(smol_engine):
     smol_engine.reset()
     first = done_of(collect(smol_engine.turn(QUESTION, max_tokens=32)))
-    convo = QUESTION + [ChatMessage("assistant", first.text),
-                        ChatMessage("user", "Now make it handle None.")]
+    convo = QUESTION + [ChatMessage("assistant", first.text), ChatMessage("user", "Now make it handle None.")]
     warm = done_of(collect(smol_engine.turn(convo, max_tokens=32)))
     assert warm.stats.cached_tokens > first.stats.prompt_tokens
     assert warm.stats.checkpoint["source"] == "live"
@@ -85,13 +87,16 @@ def test_live_reuse_is_token_identical_to_a_cold_run(smollm2_path):
     between the warm follow-up and a cold run could only come from wrongly reused state.
     (With bigger batches llama.cpp's matmuls sum in a different order: cold and warm can then
     part ways on a near tie, which says nothing about the state.)"""
-    profile = test_profile(smollm2_path, context={"n_batch": 1, "n_ubatch": 1},
-                           checkpoints={"enabled": False})
+    profile = test_profile(
+        smollm2_path, context={"n_batch": 1, "n_ubatch": 1}, checkpoints={"enabled": False}
+    )
     with Engine(profile) as engine:
         engine.load()
         first = done_of(collect(engine.turn(QUESTION, max_tokens=24)))
-        convo = QUESTION + [ChatMessage("assistant", first.text),
-                            ChatMessage("user", "Now make it handle None.")]
+        convo = QUESTION + [
+            ChatMessage("assistant", first.text),
+            ChatMessage("user", "Now make it handle None."),
+        ]
         warm = done_of(collect(engine.turn(convo, max_tokens=24)))
         assert warm.stats.cached_tokens > first.stats.prompt_tokens
         engine.reset()
@@ -189,8 +194,9 @@ def test_max_tokens_and_sampling_options(smol_engine):
     assert done.stats.decode_tokens == 3 and done.stats.finish_reason == "length"
     from velo_chat.engine.profile_schema import SamplingSettings
 
-    hot = SamplingSettings(temperature=0.9, top_p=0.9, top_k=40, min_p=0.05, seed=7,
-                           repeat_penalty=1.1, max_tokens=24)
+    hot = SamplingSettings(
+        temperature=0.9, top_p=0.9, top_k=40, min_p=0.05, seed=7, repeat_penalty=1.1, max_tokens=24
+    )
     a = done_of(collect(smol_engine.turn(QUESTION, sampling=hot))).text
     b = done_of(collect(smol_engine.turn(QUESTION, sampling=hot))).text
     assert a == b, "the same seed gives the same sample"
@@ -211,8 +217,7 @@ def test_a_model_without_chat_template_is_a_clear_error():
         ChatTemplate(None, bos_token="", eos_token="", model_name="m.gguf")
     with pytest.raises(ChatTemplateError, match="cannot parse"):
         ChatTemplate("{% for %}", bos_token="", eos_token="")
-    raising = ChatTemplate("{{ raise_exception('roles must alternate') }}", bos_token="",
-                           eos_token="")
+    raising = ChatTemplate("{{ raise_exception('roles must alternate') }}", bos_token="", eos_token="")
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         raising.render([ChatMessage("user", "hi")])
 

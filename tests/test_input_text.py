@@ -29,8 +29,10 @@ def stored() -> list[tuple[str, list[tuple[str, str]]]]:
     if not path.exists():
         return []
     with SessionStore(path) as store:
-        return [(s.title or "", [(m.role, m.content) for m in store.messages(s.id)])
-                for s in store.list_sessions()]
+        return [
+            (s.title or "", [(m.role, m.content) for m in store.messages(s.id)])
+            for s in store.list_sessions()
+        ]
 
 
 def stderr_lines(proc) -> list[str]:
@@ -41,7 +43,8 @@ def stderr_lines(proc) -> list[str]:
 
 def session_file(**message: object) -> dict:
     return {
-        "format": FORMAT, "version": FORMAT_VERSION,
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
         "session": {"title": "imported", "created_at": 1.0, "profile": "default"},
         "messages": [{"role": "user", "content": "hi", **message}],
     }
@@ -75,8 +78,9 @@ def test_decode_text_counts_bytes() -> None:
 
 def test_no_text_with_surrogates_crashes_a_write(db_path: Path) -> None:
     with SessionStore(db_path) as store:
-        s = store.create_session("default\udcff", system_prompt="sys\ud800", title="t\udcff",
-                                 model_fingerprint="fp\udcff")
+        s = store.create_session(
+            "default\udcff", system_prompt="sys\ud800", title="t\udcff", model_fingerprint="fp\udcff"
+        )
         assert (s.profile, s.system_prompt, s.title) == ("default\ufffd", "sys\ufffd", "t\ufffd")
         m = store.add_message(s.id, "user", "q\udcff", stats={"k\ud800": "v\udcff"})
         store.update_message(m.id, content="edited\udcfe", stats={"x": "\ud800"})
@@ -89,8 +93,7 @@ def test_no_text_with_surrogates_crashes_a_write(db_path: Path) -> None:
             store.delete("\udcff")
     with SessionStore(db_path) as store:  # what the rows hold, not what the objects said
         s = store.get_session(s.id)
-        assert (s.title, s.system_prompt, s.model_fingerprint) == (
-            "renamed\ufffd", "new\ufffd", "fp\ufffd")
+        assert (s.title, s.system_prompt, s.model_fingerprint) == ("renamed\ufffd", "new\ufffd", "fp\ufffd")
         [m] = store.messages(s.id)
         assert (m.content, m.stats) == ("edited\ufffd", {"x": "\ufffd"})
 
@@ -114,7 +117,8 @@ def test_ask_refuses_binary_stdin() -> None:
     proc = run_cli_bytes("ask", "-", stdin=BINARY)
     assert proc.returncode == 2
     assert stderr_lines(proc) == [
-        "velo-chat: error: stdin is binary (it contains NUL bytes), not text; nothing was stored"]
+        "velo-chat: error: stdin is binary (it contains NUL bytes), not text; nothing was stored"
+    ]
     assert proc.stdout == b""
     assert stored() == []
 
@@ -122,8 +126,7 @@ def test_ask_refuses_binary_stdin() -> None:
 def test_ask_replaces_invalid_utf8_on_stdin(velo_home: Path) -> None:
     proc = run_cli_bytes("ask", "-", "--max-tokens", "4", "--json", stdin=b"Say " + LATIN1)
     assert proc.returncode == 0, proc.stderr
-    assert stderr_lines(proc) == [
-        "velo-chat: warning: stdin: replaced 3 invalid UTF-8 bytes with U+FFFD"]
+    assert stderr_lines(proc) == ["velo-chat: warning: stdin: replaced 3 invalid UTF-8 bytes with U+FFFD"]
     [(title, messages)] = stored()
     assert messages[0] == ("user", "Say caf\ufffd d\ufffdj\ufffd")
     assert json.loads(proc.stdout)["session_id"]
@@ -134,7 +137,8 @@ def test_ask_replaces_undecodable_argv_bytes(velo_home: Path) -> None:
     proc = run_cli_bytes("ask", b"Hello \xff\xfe world", "--max-tokens", "4", "--json")
     assert proc.returncode == 0, proc.stderr
     assert stderr_lines(proc) == [
-        "velo-chat: warning: the prompt: replaced 2 invalid UTF-8 bytes with U+FFFD"]
+        "velo-chat: warning: the prompt: replaced 2 invalid UTF-8 bytes with U+FFFD"
+    ]
     [(title, messages)] = stored()
     assert messages[0] == ("user", "Hello \ufffd\ufffd world")
     assert title == "Hello \ufffd\ufffd world"
@@ -156,8 +160,8 @@ def test_import_refuses_a_binary_file(tmp_path: Path) -> None:
     proc = run_cli("sessions", "import", str(path))
     assert proc.returncode == 2
     assert stderr_lines(proc) == [
-        f"velo-chat: error: {path} is binary (it contains NUL bytes), not text; "
-        "nothing was stored"]
+        f"velo-chat: error: {path} is binary (it contains NUL bytes), not text; nothing was stored"
+    ]
     assert stored() == []
 
 
@@ -167,8 +171,7 @@ def test_import_replaces_invalid_utf8_and_surrogate_escapes(tmp_path: Path) -> N
     path.write_bytes(raw.replace(b"XX", LATIN1))  # raw Latin-1 inside a JSON string
     proc = run_cli("sessions", "import", str(path))
     assert proc.returncode == 0, proc.stderr
-    assert stderr_lines(proc) == [
-        f"velo-chat: warning: {path}: replaced 3 invalid UTF-8 bytes with U+FFFD"]
+    assert stderr_lines(proc) == [f"velo-chat: warning: {path}: replaced 3 invalid UTF-8 bytes with U+FFFD"]
     assert stored() == [("imported", [("user", "caf\ufffd d\ufffdj\ufffd and \ufffd")])]
     assert proc.stdout.strip() == run_cli("sessions", "list", "--json").stdout.split('"')[3]
 

@@ -60,9 +60,12 @@ def _random_spec(rng: np.random.Generator, n_table_rows: int) -> PleHashSpec:
     vocab = rng.integers(1, n_table_rows // n_heads + 1, size=n_heads)
     offs = [int(rng.integers(0, n_table_rows - v + 1)) for v in vocab]
     return PleHashSpec(
-        ngram_size=ngram, heads_per_ngram=per, eos_token_id=int(rng.integers(0, 50)),
+        ngram_size=ngram,
+        heads_per_ngram=per,
+        eos_token_id=int(rng.integers(0, 50)),
         layer_multipliers=tuple(int(x) for x in rng.integers(0, 2**64, size=ngram, dtype=np.uint64)),
-        head_offsets=tuple(offs), head_vocab_sizes=tuple(int(v) for v in vocab),
+        head_offsets=tuple(offs),
+        head_vocab_sizes=tuple(int(v) for v in vocab),
     )
 
 
@@ -121,8 +124,9 @@ def _check_gather(table: PleTable, rows: np.ndarray, stream: object = None) -> N
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("ggml_type", SUPPORTED_TYPES)
 @pytest.mark.parametrize("row_dim", [32, 160])
-def test_gather_bit_exact(tmp_path: Path, rng: np.random.Generator, mode: str, ggml_type: int,
-                          row_dim: int) -> None:
+def test_gather_bit_exact(
+    tmp_path: Path, rng: np.random.Generator, mode: str, ggml_type: int, row_dim: int
+) -> None:
     n_rows = int(rng.integers(3000, 5000))
     path = tmp_path / "t.gguf"
     _write_table(path, ggml_type, row_dim, random_table(ggml_type, n_rows, row_dim, rng))
@@ -193,10 +197,13 @@ def big_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("mode", "stage_above"), [
-    ("pageable", None), ("registered", None), ("registered", 1024), ("staged", None)])
-def test_table_larger_than_8_gib(big_table: Path, rng: np.random.Generator, mode: str,
-                                 stage_above: int | None) -> None:
+@pytest.mark.parametrize(
+    ("mode", "stage_above"),
+    [("pageable", None), ("registered", None), ("registered", 1024), ("staged", None)],
+)
+def test_table_larger_than_8_gib(
+    big_table: Path, rng: np.random.Generator, mode: str, stage_above: int | None
+) -> None:
     rb = row_nbytes(GGML_TYPE_IQ4_NL, 160)
     from velo_chat.kernels.gguf_tensor import locate_tensor
 

@@ -32,11 +32,19 @@ class _GgmlTensor(ctypes.Structure):
     """`struct ggml_tensor` (vendored ggml/include/ggml.h): only name, type, ne, nb, data are read."""
 
     _fields_ = [
-        ("type", ctypes.c_int), ("buffer", ctypes.c_void_p),
-        ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int),
-        ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
-        ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p), ("view_offs", ctypes.c_size_t),
-        ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64), ("extra", ctypes.c_void_p),
+        ("type", ctypes.c_int),
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),
+        ("nb", ctypes.c_size_t * 4),
+        ("op", ctypes.c_int),
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * 10),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * 64),
+        ("extra", ctypes.c_void_p),
         ("padding", ctypes.c_char * 8),
     ]
 
@@ -82,7 +90,7 @@ class TensorCapture:
         self.captured.clear()
         step = chunk or len(tokens)
         for i in range(0, len(tokens), step):
-            part = tokens[i:i + step]
+            part = tokens[i : i + step]
             arr = (ll.llama_token * len(part))(*part)
             assert ll.llama_decode(self.ctx, ll.llama_batch_get_one(arr, len(part))) == 0
         bad = [c for c in self.captured if c.dtype.kind == "U"]
@@ -113,8 +121,15 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def index_model(cache_dir: Path, smollm2_path: Path) -> Path:
     """F32 table whose rows encode their index; n-gram 5, 4 heads of 32 values."""
-    return tiny_qwen4exp_path(cache_dir, smollm2_path, ple_type="f32", ple_rows_encode_index=True,
-                              n_embd=128, ple_ngram_size=5, ple_heads_per_ngram=1)
+    return tiny_qwen4exp_path(
+        cache_dir,
+        smollm2_path,
+        ple_type="f32",
+        ple_rows_encode_index=True,
+        n_embd=128,
+        ple_ngram_size=5,
+        ple_heads_per_ngram=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +146,14 @@ def test_spec_is_read_from_the_gguf(index_model: Path) -> None:
 
 
 @pytest.mark.parametrize("chunk", [None, 3])
-def test_hash_reproduces_llama_cpp(index_model: Path, index_capture: TensorCapture,
-                                   chunk: int | None) -> None:
+def test_hash_reproduces_llama_cpp(
+    index_model: Path, index_capture: TensorCapture, chunk: int | None
+) -> None:
     spec = PleHashSpec.from_gguf(index_model)
     loc = locate_tensor(index_model, "per_layer_token_embd.weight")
-    table = table_view(np.fromfile(index_model, np.uint8, count=loc.nbytes, offset=loc.offset),
-                       loc.ggml_type, loc.row_dim)
+    table = table_view(
+        np.fromfile(index_model, np.uint8, count=loc.nbytes, offset=loc.offset), loc.ggml_type, loc.row_dim
+    )
     for tokens in _prompts(8192):
         got = index_capture.run(tokens, chunk)
         assert got.shape == (len(tokens), spec.n_heads * loc.row_dim)
@@ -148,14 +165,14 @@ def test_hash_reproduces_llama_cpp(index_model: Path, index_capture: TensorCaptu
 
 
 @pytest.mark.parametrize("ple_type", PLE_TYPES)
-def test_dequant_reproduces_llama_cpp_get_rows(cache_dir: Path, smollm2_path: Path,
-                                               ple_type: str) -> None:
+def test_dequant_reproduces_llama_cpp_get_rows(cache_dir: Path, smollm2_path: Path, ple_type: str) -> None:
     path = tiny_qwen4exp_path(cache_dir, smollm2_path, ple_type=ple_type)
     spec = PleHashSpec.from_gguf(path)
     loc = locate_tensor(path, "per_layer_token_embd.weight")
     assert loc.ggml_type == ggml_type_id(ple_type)
-    table = table_view(np.fromfile(path, np.uint8, count=loc.nbytes, offset=loc.offset),
-                       loc.ggml_type, loc.row_dim)
+    table = table_view(
+        np.fromfile(path, np.uint8, count=loc.nbytes, offset=loc.offset), loc.ggml_type, loc.row_dim
+    )
     cap = TensorCapture(path, "ple_embd", n_ubatch=7)
     try:
         for tokens in _prompts(8192)[1:3]:
@@ -172,8 +189,11 @@ def test_q8_0_reference_matches_smollm2_token_embd(smollm2_path: Path) -> None:
     loc = locate_tensor(smollm2_path, "token_embd.weight")
     if loc.type_name != "q8_0":
         pytest.skip(f"token_embd is {loc.type_name} in this SmolLM2 file")
-    table = table_view(np.memmap(smollm2_path, np.uint8, mode="r", offset=loc.offset, shape=(loc.nbytes,)),
-                       loc.ggml_type, loc.row_dim)
+    table = table_view(
+        np.memmap(smollm2_path, np.uint8, mode="r", offset=loc.offset, shape=(loc.nbytes,)),
+        loc.ggml_type,
+        loc.row_dim,
+    )
     tokens = [1, 2, 17, 49151, 300, 17]
     cap = TensorCapture(smollm2_path, "embd", n_ubatch=64, n_ctx=64)
     try:

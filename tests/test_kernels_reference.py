@@ -37,7 +37,9 @@ EOS = 2
 def _spec(ngram: int = 4, per: int = 2) -> PleHashSpec:
     n_heads = (ngram - 1) * per
     return PleHashSpec(
-        ngram_size=ngram, heads_per_ngram=per, eos_token_id=EOS,
+        ngram_size=ngram,
+        heads_per_ngram=per,
+        eos_token_id=EOS,
         layer_multipliers=tuple((0x9E3779B97F4A7C15 * (j + 3)) & M64 for j in range(ngram)),
         head_offsets=tuple(1000 * h for h in range(n_heads)),
         head_vocab_sizes=tuple(997 - 2 * h for h in range(n_heads)),
@@ -91,17 +93,30 @@ def test_prev_tokens_matches_llama_layout() -> None:
     # oldest first, -1 (LLAMA_TOKEN_NULL) before the sequence start
     assert p.tolist() == [[-1, 1, 2], [1, 2, 5]]
     spec = _spec(ngram=4, per=1)
-    assert np.array_equal(ple_rows_from_prev(spec, np.array([5, 6]), p),
-                          ple_rows(spec, np.array([5, 6]), np.array([1, 2])))
+    assert np.array_equal(
+        ple_rows_from_prev(spec, np.array([5, 6]), p), ple_rows(spec, np.array([5, 6]), np.array([1, 2]))
+    )
 
 
 def test_hash_spec_is_validated() -> None:
     with pytest.raises(ValueError, match="int32"):
-        PleHashSpec(ngram_size=2, heads_per_ngram=1, eos_token_id=0, layer_multipliers=(1, 2),
-                    head_offsets=(2**31 - 10,), head_vocab_sizes=(20,))
+        PleHashSpec(
+            ngram_size=2,
+            heads_per_ngram=1,
+            eos_token_id=0,
+            layer_multipliers=(1, 2),
+            head_offsets=(2**31 - 10,),
+            head_vocab_sizes=(20,),
+        )
     with pytest.raises(ValueError, match="ngram_size"):
-        PleHashSpec(ngram_size=9, heads_per_ngram=1, eos_token_id=0, layer_multipliers=(1,) * 9,
-                    head_offsets=(0,) * 8, head_vocab_sizes=(1,) * 8)
+        PleHashSpec(
+            ngram_size=9,
+            heads_per_ngram=1,
+            eos_token_id=0,
+            layer_multipliers=(1,) * 9,
+            head_offsets=(0,) * 8,
+            head_vocab_sizes=(1,) * 8,
+        )
 
 
 def _f16_bytes(x: float) -> bytes:
@@ -136,7 +151,7 @@ def test_gather_layout_is_token_major_then_head() -> None:
     assert out.shape == (2, 3 * 64)
     for t in range(2):
         for h in range(3):
-            seg = out[t, h * 64:(h + 1) * 64]
+            seg = out[t, h * 64 : (h + 1) * 64]
             assert np.array_equal(seg, dequantize_rows(table[rows[t, h]], GGML_TYPE_Q8_0, 64)[0])
 
 
@@ -167,7 +182,12 @@ def test_single_tensor_gguf_roundtrip(tmp_path: Path) -> None:
         f.write(data.tobytes())
     found = locate_tensor(path, "per_layer_token_embd.weight")
     assert (found.offset, found.nbytes, found.n_rows, found.row_dim, found.row_bytes) == (
-        loc.offset, 33 * 90, 33, 160, 90)
+        loc.offset,
+        33 * 90,
+        33,
+        160,
+        90,
+    )
     raw = np.fromfile(path, np.uint8, count=found.nbytes, offset=found.offset).reshape(33, 90)
     assert np.array_equal(raw, data)
     with pytest.raises(KeyError):
@@ -183,4 +203,3 @@ def test_kernels_import_without_cupy_or_textual() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
-

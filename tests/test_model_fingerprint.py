@@ -42,8 +42,9 @@ def test_a_copy_elsewhere_keeps_the_fingerprint(smollm2_path, tmp_path):
 
 def test_same_header_other_tensor_data_is_another_model(smollm2_path, tmp_path):
     other = copy_with_other_data(smollm2_path, tmp_path / "reupload.gguf")
-    assert gguf_file.read_header(other).header_sha256 == \
-        gguf_file.read_header(smollm2_path).header_sha256  # the header did not change
+    assert (
+        gguf_file.read_header(other).header_sha256 == gguf_file.read_header(smollm2_path).header_sha256
+    )  # the header did not change
     assert fingerprint(other) != fingerprint(smollm2_path)
 
 
@@ -100,6 +101,10 @@ def test_fingerprinting_reads_a_bounded_part_of_the_data(smollm2_path, monkeypat
 
     monkeypatch.setattr(gguf_file.os, "pread", counting_pread)
     gguf_file.model_fingerprint(header)
-    assert 0 < sum(read) <= gguf_file.SAMPLE_BLOCKS * gguf_file.SAMPLE_BYTES \
+    assert (
+        0
+        < sum(read)
+        <= gguf_file.SAMPLE_BLOCKS * gguf_file.SAMPLE_BYTES
         + len(header.tensors) * gguf_file.TENSOR_SAMPLE_BYTES
+    )
     assert sum(read) < header.file_size // 10

@@ -44,7 +44,8 @@ def modes_under(root: Path) -> dict[str, int]:
 def assert_private(root: Path) -> None:
     """Folders 0700, files 0600: one message listing every exception."""
     wrong = {
-        rel: f"{m:o}" for rel, m in modes_under(root).items()
+        rel: f"{m:o}"
+        for rel, m in modes_under(root).items()
         if m != (0o700 if (root / rel).is_dir() else 0o600)
     }
     assert not wrong, f"not private under {root}: {wrong}"
@@ -128,8 +129,7 @@ def test_an_existing_open_log_is_tightened(new_home: Path) -> None:
     assert mode(path) == 0o600 and path.read_text() == "old lines\n"
 
 
-def test_profiles_settings_and_tui_exports_are_private(umask: int, new_home: Path,
-                                                       tmp_path: Path) -> None:
+def test_profiles_settings_and_tui_exports_are_private(umask: int, new_home: Path, tmp_path: Path) -> None:
     save_user_profile(test_profile(tmp_path / "model.gguf"))
     set_active_profile("test")
     atomic_write_text(locations.exports_dir() / "session.md", "# a conversation\n")
@@ -154,8 +154,7 @@ def test_cli_export_creates_a_private_file(umask: int, new_home: Path, tmp_path:
     assert "private words" in mine.read_text() and mode(mine) == 0o640
 
 
-def test_ask_end_to_end_leaves_only_private_files(umask: int, new_home: Path,
-                                                  smollm2_path: Path) -> None:
+def test_ask_end_to_end_leaves_only_private_files(umask: int, new_home: Path, smollm2_path: Path) -> None:
     """The real CLI in a fresh home: folders, database, log, checkpoints (all of it)."""
     save_user_profile(test_profile(smollm2_path))
     proc = run_cli("ask", "Say hello.", "--profile", "test", "--max-tokens", "4", "--json")

@@ -30,8 +30,9 @@ def model_path(request) -> Path:
 
 
 def profile_for(path: Path, **checkpoints):
-    return test_profile(path, context={"n_batch": 1, "n_ubatch": 1},
-                        checkpoints={"interval_tokens": 0, **checkpoints})
+    return test_profile(
+        path, context={"n_batch": 1, "n_ubatch": 1}, checkpoints={"interval_tokens": 0, **checkpoints}
+    )
 
 
 def run(engine: Engine, messages: list[ChatMessage]) -> TurnDone:
@@ -106,8 +107,10 @@ def test_fork_shares_checkpoints(model_path, tmp_path):
     from velo_chat.store import SessionStore
 
     root = tmp_path / "ckpt"
-    with SessionStore(tmp_path / "s.sqlite3") as store, \
-            Engine(profile_for(model_path), checkpoint_root=root) as engine:
+    with (
+        SessionStore(tmp_path / "s.sqlite3") as store,
+        Engine(profile_for(model_path), checkpoint_root=root) as engine,
+    ):
         engine.load()
         parent = store.create_session("test")
         store.add_message(parent.id, "user", Q1[0].content)
@@ -115,8 +118,7 @@ def test_fork_shares_checkpoints(model_path, tmp_path):
         reply = store.add_message(parent.id, "assistant", first.text)
         fork = store.fork(parent.id, reply.id)
         engine.reset()
-        convo = engine_messages("", store.messages(fork.id)) + [
-            ChatMessage("user", "And three more?")]
+        convo = engine_messages("", store.messages(fork.id)) + [ChatMessage("user", "And three more?")]
         forked = run(engine, convo)
     assert forked.stats.checkpoint["source"] == "ram"
     assert forked.stats.cached_tokens >= first.stats.prompt_tokens
@@ -156,8 +158,7 @@ def test_short_prefills_save_no_state_before_the_reply(qwen_path, tmp_path):
     with Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
         engine.load()
         first = engine.complete(Q1, max_tokens=N)
-        assert [s["tokens"] for s in first.stats.checkpoint["saved"]] == [
-            len(engine.live_tokens)]
+        assert [s["tokens"] for s in first.stats.checkpoint["saved"]] == [len(engine.live_tokens)]
         convo = follow_up(first.text)
         engine.complete(convo, max_tokens=N)
         engine.reset()
@@ -174,7 +175,10 @@ def test_preview_matches_the_turn(model_path, tmp_path):
         preview = engine.preview(convo)
         started = next(iter(engine.turn(convo, max_tokens=1)))
         assert (preview.cached_tokens, preview.prefill_tokens, preview.source) == (
-            started.cached_tokens, started.prefill_tokens, started.source)
+            started.cached_tokens,
+            started.prefill_tokens,
+            started.source,
+        )
         assert preview.est_prefill_s is not None and preview.est_prefill_s > 0
 
 
@@ -184,8 +188,9 @@ def test_interval_checkpoints_let_an_edited_early_message_reuse_most_of_it(qwen_
     long_text = " ".join(f"Item {i}: a line of context for the task." for i in range(40))
     original = [ChatMessage("user", long_text + " Summarise the items.")]
     edited = [ChatMessage("user", long_text + " Count the items.")]
-    profile = test_profile(qwen_path, context={"n_batch": 16, "n_ubatch": 16},
-                           checkpoints={"interval_tokens": 64})
+    profile = test_profile(
+        qwen_path, context={"n_batch": 16, "n_ubatch": 16}, checkpoints={"interval_tokens": 64}
+    )
     with Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
         engine.load()
         events = list(engine.turn(original, max_tokens=4))

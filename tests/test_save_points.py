@@ -23,9 +23,13 @@ from tests.support.gguf_template import with_chat_template
 from tests.support.llama_templates import read_template, templates_dir
 
 N = 12
-QUESTION = [ChatMessage("system", "Be brief."),
-            ChatMessage("user", " ".join(f"Fact {i}: the sky scatters blue light." for i in range(20))
-                        + " Why is the sky blue?")]
+QUESTION = [
+    ChatMessage("system", "Be brief."),
+    ChatMessage(
+        "user",
+        " ".join(f"Fact {i}: the sky scatters blue light." for i in range(20)) + " Why is the sky blue?",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +37,18 @@ def qwen35(qwen_path, tmp_path_factory) -> Path:
     folder = templates_dir()
     if folder is None:
         pytest.skip("llama.cpp's chat templates are unavailable (set VELO_TEST_LLAMA_TEMPLATES)")
-    return with_chat_template(qwen_path, read_template(folder, "Qwen3.5-4B"),
-                              tmp_path_factory.mktemp("save-points") / "qwen35.gguf")
+    return with_chat_template(
+        qwen_path, read_template(folder, "Qwen3.5-4B"), tmp_path_factory.mktemp("save-points") / "qwen35.gguf"
+    )
 
 
 def profile(path: Path, **checkpoints):
     """One token per batch: every path runs the same arithmetic (tests/test_resume.py)."""
-    return test_profile(path, context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1},
-                        checkpoints={"interval_tokens": 0, **checkpoints})
+    return test_profile(
+        path,
+        context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1},
+        checkpoints={"interval_tokens": 0, **checkpoints},
+    )
 
 
 def run(engine: Engine, messages) -> tuple[list, list[int], TurnDone]:
@@ -73,8 +81,7 @@ def test_the_prefill_saves_where_every_follow_up_agrees(qwen35, tmp_path):
         _, again, regen = run(engine, QUESTION)
         assert regen.stats.cached_tokens == stable and again == first
         assert engine.flush_checkpoints(60)
-    follow = [*QUESTION, ChatMessage("assistant", done.text),
-              ChatMessage("user", "Say it in five words.")]
+    follow = [*QUESTION, ChatMessage("assistant", done.text), ChatMessage("user", "Say it in five words.")]
     with Engine(profile(qwen35), checkpoint_root=root) as fresh:  # a restart
         fresh.load()
         _, tokens, after = run(fresh, follow)

@@ -13,7 +13,10 @@ import pytest
 
 from velo_chat.store import FORMAT_VERSION, SessionStore
 from velo_chat.store.migrations import (
-    LATEST_VERSION, MIGRATIONS, ensure_search_index, schema_version,
+    LATEST_VERSION,
+    MIGRATIONS,
+    ensure_search_index,
+    schema_version,
 )
 from velo_chat.store.reasoning import split_inline
 
@@ -34,14 +37,18 @@ def version_1_database(path: Path) -> None:
         MIGRATIONS[0](conn)
         conn.execute("PRAGMA user_version = 1")
         ensure_search_index(conn, HAS_FTS5)
-        conn.execute("INSERT INTO sessions (id, title, created_at, updated_at, profile) "
-                     "VALUES ('s1', 'old', 1, 2, 'default')")
+        conn.execute(
+            "INSERT INTO sessions (id, title, created_at, updated_at, profile) "
+            "VALUES ('s1', 'old', 1, 2, 'default')"
+        )
         rows = [("user", "<think>typed by the user</think> stays")]
         rows += [("assistant", content) for content in OLD_REPLIES]
         for position, (role, content) in enumerate(rows):
-            conn.execute("INSERT INTO messages (session_id, position, role, content, status, "
-                         "stats, created_at) VALUES ('s1', ?, ?, ?, 'complete', '{}', ?)",
-                         (position, role, content, position))
+            conn.execute(
+                "INSERT INTO messages (session_id, position, role, content, status, "
+                "stats, created_at) VALUES ('s1', ?, ?, ?, 'complete', '{}', ?)",
+                (position, role, content, position),
+            )
 
 
 def test_an_old_database_is_upgraded_and_its_reasoning_moved_out(db_path):
@@ -50,8 +57,7 @@ def test_an_old_database_is_upgraded_and_its_reasoning_moved_out(db_path):
         messages = store.messages("s1")
         assert messages[0].content == "<think>typed by the user</think> stays"  # a user's text
         assert messages[0].reasoning == ""
-        got = {old: (m.reasoning, m.content) for old, m in zip(OLD_REPLIES, messages[1:],
-                                                                  strict=True)}
+        got = {old: (m.reasoning, m.content) for old, m in zip(OLD_REPLIES, messages[1:], strict=True)}
         assert got == OLD_REPLIES
         if store.uses_fts:  # the index follows the moved text
             assert [h.message.content for h in store.search("answer")] == ["The answer."]
@@ -62,11 +68,14 @@ def test_an_old_database_is_upgraded_and_its_reasoning_moved_out(db_path):
         assert store.messages("s1")[1].reasoning == "plan the answer"
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("  <think>\n\na\n\n</think>\n\nb\n", ("a", "b\n")),
-    ("<think>x", ("x", "")),
-    ("plain", (None, "plain")),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("  <think>\n\na\n\n</think>\n\nb\n", ("a", "b\n")),
+        ("<think>x", ("x", "")),
+        ("plain", (None, "plain")),
+    ],
+)
 def test_split_inline(text, expected):
     assert split_inline(text) == expected
 
@@ -74,8 +83,7 @@ def test_split_inline(text, expected):
 def test_replies_keep_their_reasoning_through_updates_forks_and_exports(store):
     session = store.create_session("default")
     user, reply = store.add_exchange(session.id, "Why?")
-    reply = store.update_message(reply.id, content="Because.", reasoning="Think first.",
-                                 status="complete")
+    reply = store.update_message(reply.id, content="Because.", reasoning="Think first.", status="complete")
     assert (reply.content, reply.reasoning) == ("Because.", "Think first.")
     assert store.update_message(reply.id, status="complete").reasoning == "Think first."
     fork = store.fork(session.id, reply.id)
@@ -86,18 +94,26 @@ def test_replies_keep_their_reasoning_through_updates_forks_and_exports(store):
     assert [m["reasoning"] for m in doc["messages"]] == ["", "Think first."]
     again = store.import_json(json.dumps(doc))
     assert [(m.content, m.reasoning) for m in store.messages(again.id)] == [
-        ("Why?", ""), ("Because.", "Think first.")]
+        ("Why?", ""),
+        ("Because.", "Think first."),
+    ]
 
     markdown = store.export_markdown(session.id)
-    assert "<details><summary>Reasoning</summary>\n\nThink first.\n\n</details>\n\nBecause." \
-        in markdown
+    assert "<details><summary>Reasoning</summary>\n\nThink first.\n\n</details>\n\nBecause." in markdown
 
 
 def test_a_version_1_session_file_has_its_inline_reasoning_moved_out(store):
-    doc = {"format": "velo-chat.session", "version": 1,
-           "session": {"created_at": 1.0, "profile": "default"},
-           "messages": [{"role": "user", "content": "<think>mine</think>"},
-                        {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nYes."}]}
+    doc = {
+        "format": "velo-chat.session",
+        "version": 1,
+        "session": {"created_at": 1.0, "profile": "default"},
+        "messages": [
+            {"role": "user", "content": "<think>mine</think>"},
+            {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nYes."},
+        ],
+    }
     session = store.import_json(doc)
     assert [(m.content, m.reasoning) for m in store.messages(session.id)] == [
-        ("<think>mine</think>", ""), ("Yes.", "hmm")]
+        ("<think>mine</think>", ""),
+        ("Yes.", "hmm"),
+    ]

@@ -48,8 +48,10 @@ def fixed_date(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_collection_is_there():
     if TEMPLATES is None:
-        pytest.skip("llama.cpp's chat templates are unavailable: no llama-cpp-python sdist in "
-                    "pip's cache and `pip download` failed (set VELO_TEST_LLAMA_TEMPLATES)")
+        pytest.skip(
+            "llama.cpp's chat templates are unavailable: no llama-cpp-python sdist in "
+            "pip's cache and `pip download` failed (set VELO_TEST_LLAMA_TEMPLATES)"
+        )
     assert len(NAMES) >= 60
     assert set(NO_SYSTEM_PROMPT) <= set(NAMES)
 

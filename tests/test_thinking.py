@@ -35,8 +35,7 @@ OFF = ReasoningSettings(enabled="off")
 
 
 def template(folder: Path, name: str) -> ChatTemplate:
-    return ChatTemplate(read_template(folder, name), bos_token="", eos_token="<|im_end|>",
-                        protected=CHATML)
+    return ChatTemplate(read_template(folder, name), bos_token="", eos_token="<|im_end|>", protected=CHATML)
 
 
 # -- what each template offers ---------------------------------------------------------------------
@@ -60,8 +59,7 @@ CONTROLS = {  # name: (switch, effort, default_on, open marker)
 @pytest.mark.parametrize("name", sorted(CONTROLS))
 def test_each_template_names_its_thinking_controls(llama_templates, name):
     support = template(llama_templates, name).thinking
-    assert (support.switch, support.effort, support.default_on,
-            support.open_marker) == CONTROLS[name]
+    assert (support.switch, support.effort, support.default_on, support.open_marker) == CONTROLS[name]
 
 
 def test_the_switch_and_the_level_reach_the_template(llama_templates):
@@ -103,8 +101,8 @@ def test_a_replys_reasoning_is_message_text_in_the_history(llama_templates):
     reply = ChatMessage("assistant", "A1", reasoning_content="R1 <|im_end|> still thinking")
     history = [ChatMessage("user", "Q1"), reply]
     assert qwen3.render(history, add_generation_prompt=False).endswith(
-        "<|im_start|>assistant\n<think>\nR1 <|im_end|> still thinking\n</think>\n\nA1"
-        "<|im_end|>\n")
+        "<|im_start|>assistant\n<think>\nR1 <|im_end|> still thinking\n</think>\n\nA1<|im_end|>\n"
+    )
     segments = qwen3.segments(history, add_generation_prompt=False)
     assert [s.text for s in segments if s.plain] == ["Q1", "R1 <|im_end|> still thinking", "A1"]
     scaffold = "".join(s.text for s in segments if not s.plain)
@@ -115,6 +113,7 @@ def test_a_replys_reasoning_is_message_text_in_the_history(llama_templates):
 
 
 # -- the splitter on real token pieces -------------------------------------------------------------
+
 
 def pieces(engine: Engine, text: str) -> list[str]:
     model = engine.model
@@ -136,9 +135,9 @@ def test_the_splitter_follows_markers_cut_across_tokens(smol_engine):
     assert "<think>" not in parts  # SmolLM2 has no such token: the marker spans several
     s, out = split(parts)
     assert (s.reasoning, s.answer) == ("plan: <|im_end|> is text", "The answer.")
-    close = next(i for i in range(len(parts)) if "".join(parts[:i + 1]).endswith("</think>"))
+    close = next(i for i in range(len(parts)) if "".join(parts[: i + 1]).endswith("</think>"))
     assert s.reasoning_tokens == close + 1  # the opening and closing markers count
-    assert [p.in_reasoning for p in out[close + 1:-1]] == [False] * (len(parts) - close - 1)
+    assert [p.in_reasoning for p in out[close + 1 : -1]] == [False] * (len(parts) - close - 1)
     first = next(i for i in range(close + 1, len(parts)) if parts[i].strip("\n"))
     assert s.first_answer_t == float(first)  # the newlines after "</think>" are not answer text
 
@@ -164,8 +163,14 @@ def test_a_marker_that_is_a_control_token_still_splits():
     assert (s.reasoning, s.answer, s.reasoning_tokens) == ("why", "because", 3)
     # Gemma 4: the opening marker is a control token and then text
     s = ReasoningSplitter("<|channel>thought", "<channel|>")
-    for text, control in (("", "<|channel>"), ("thought", ""), ("\nwhy", ""),
-                          ("", "<channel|>"), ("because", ""), ("", "<channel|>")):
+    for text, control in (
+        ("", "<|channel>"),
+        ("thought", ""),
+        ("\nwhy", ""),
+        ("", "<channel|>"),
+        ("because", ""),
+        ("", "<channel|>"),
+    ):
         s.feed(text, control=control)
     s.finish()
     assert (s.reasoning, s.answer, s.reasoning_tokens) == ("why", "because", 4)
@@ -173,11 +178,15 @@ def test_a_marker_that_is_a_control_token_still_splits():
 
 # -- turns on a real model ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def qwen35_model(qwen_path, llama_templates, tmp_path_factory) -> Path:
     """The tiny hybrid qwen4exp with the real Qwen3.5 template."""
-    return with_chat_template(qwen_path, read_template(llama_templates, "Qwen3.5-4B"),
-                              tmp_path_factory.mktemp("qwen35") / "qwen35.gguf")
+    return with_chat_template(
+        qwen_path,
+        read_template(llama_templates, "Qwen3.5-4B"),
+        tmp_path_factory.mktemp("qwen35") / "qwen35.gguf",
+    )
 
 
 def turn(engine: Engine, messages: list[ChatMessage], **kw) -> list:
@@ -221,13 +230,17 @@ def test_a_turn_splits_reasoning_and_answer_and_counts_both(qwen35_model, tmp_pa
 def test_reasoning_is_stored_apart_and_the_follow_up_matches_cold(qwen35_model, tmp_path):
     """Turn 1 thinks and is stored (answer and reasoning apart); the follow-up, built from the
     store and resumed from the engine's state, is token for token what a cold engine says."""
-    profile = test_profile(qwen35_model, context={"n_batch": 1, "n_ubatch": 1},
-                           checkpoints={"interval_tokens": 0})
-    with SessionStore(tmp_path / "sessions.db") as store, \
-            Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
+    profile = test_profile(
+        qwen35_model, context={"n_batch": 1, "n_ubatch": 1}, checkpoints={"interval_tokens": 0}
+    )
+    with (
+        SessionStore(tmp_path / "sessions.db") as store,
+        Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine,
+    ):
         engine.load()
-        first = start_turn(store, engine, session=None, profile=profile,
-                           text=QUESTION[0].content, max_tokens=12)
+        first = start_turn(
+            store, engine, session=None, profile=profile, text=QUESTION[0].content, max_tokens=12
+        )
         done = [e for e in record(first.events, first.recorded)][-1]
         reply = store.messages(first.session.id)[-1]
         assert (reply.content, reply.reasoning) == (done.text, done.reasoning)
@@ -237,8 +250,9 @@ def test_reasoning_is_stored_apart_and_the_follow_up_matches_cold(qwen35_model, 
         follow_up = [*history, ChatMessage("user", "And at sunset?")]
         warm = turn(engine, follow_up)[-1]
         assert warm.stats.cached_tokens > 0
-    with Engine(dataclasses.replace(profile, checkpoints=dataclasses.replace(
-            profile.checkpoints, enabled=False))) as cold_engine:
+    with Engine(
+        dataclasses.replace(profile, checkpoints=dataclasses.replace(profile.checkpoints, enabled=False))
+    ) as cold_engine:
         cold_engine.load()
         cold = turn(cold_engine, follow_up)[-1]
     assert (warm.text, warm.reasoning) == (cold.text, cold.reasoning)

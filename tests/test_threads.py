@@ -47,10 +47,16 @@ def test_numbers_are_kept_zero_is_the_cores_and_nothing_exceeds_them(sixteen_cor
     assert "decode 4," in p.describe() and "(auto)" not in p.describe()
 
 
-@pytest.mark.parametrize("layers,n_layer,gpu,want", [
-    (-1, 30, True, True), (31, 30, True, True), (30, 30, True, False), (0, 30, True, False),
-    (-1, 30, False, False),
-])
+@pytest.mark.parametrize(
+    "layers,n_layer,gpu,want",
+    [
+        (-1, 30, True, True),
+        (31, 30, True, True),
+        (30, 30, True, False),
+        (0, 30, True, False),
+        (-1, 30, False, False),
+    ],
+)
 def test_gpu_residency_needs_every_layer_and_the_output_on_a_gpu(layers, n_layer, gpu, want):
     assert threads.is_gpu_resident(layers, n_layer, gpu) is want
 
@@ -60,7 +66,7 @@ def test_profiles_take_auto_or_a_number_and_round_trip():
     assert (p.context.n_threads, p.context.n_threads_batch) == (3, "auto")
     assert build_profile("t", {}).context.n_threads == "auto"
     text = profile_to_toml(p)
-    assert 'n_threads = 3' in text and 'n_threads_batch = "auto"' in text
+    assert "n_threads = 3" in text and 'n_threads_batch = "auto"' in text
     import tomllib
 
     assert build_profile("t", tomllib.loads(text.split("\n", 1)[1])) == p
@@ -87,8 +93,12 @@ class Machine(CpuLoad):
         share = min(1.0, cores / max(busy_processes + our_threads, 1e-9))
         others, ours = busy_processes * share, our_threads * share
         n = self.now
-        self.now = LoadSample(n.t + span, n.busy + span * (others + ours),
-                              n.idle + span * (cores - others - ours), n.own + span * ours)
+        self.now = LoadSample(
+            n.t + span,
+            n.busy + span * (others + ours),
+            n.idle + span * (cores - others - ours),
+            n.own + span * ours,
+        )
 
     def sample(self) -> LoadSample | None:
         return self.now
@@ -160,8 +170,9 @@ def test_cpu_load_reads_this_machines_counters():
 
 def greedy(engine: Engine, n: int = 40) -> list[int]:
     engine.reset()
-    return [e.token_id for e in engine.turn(STORY, max_tokens=n, ignore_eos=True)
-            if isinstance(e, TokenDelta)]
+    return [
+        e.token_id for e in engine.turn(STORY, max_tokens=n, ignore_eos=True) if isinstance(e, TokenDelta)
+    ]
 
 
 def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
@@ -183,13 +194,13 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
     assert runs[True] == runs[False] == runs[(True, 1)] == runs[(False, 1)]
 
     # The governor switching between 1 and 2 threads every token changes nothing either.
-    engine = Engine(test_profile(smollm2_path,
-                                 context={"flash_attn": "off", "adapt_threads": True}))
+    engine = Engine(test_profile(smollm2_path, context={"flash_attn": "off", "adapt_threads": True}))
     engine.load()
     plan = engine.ctx.thread_plan
 
     class Flipping(Machine):
         """Busy for one check in six, free otherwise: the count goes down and up again."""
+
         checks = 0
 
         def sample(self) -> LoadSample | None:
@@ -242,8 +253,21 @@ def test_the_choice_shows_in_print_config_and_bench(velo_home):
     assert "decode" in line and "prefill" in line and "layers on the CPU" in line
     assert 'n_threads = "auto"' in config and 'n_threads_batch = "auto"' in config
 
-    proc = run_cli("bench", "--json", "--no-resume", "--prefill-sizes", "32",
-                   "--decode-tokens", "8", "--repeats", "1", "--threads", "1", "--load", "1")
+    proc = run_cli(
+        "bench",
+        "--json",
+        "--no-resume",
+        "--prefill-sizes",
+        "32",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--load",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["threads"]["n_threads"] == "auto" and data["threads"]["decode"] >= 1

@@ -101,9 +101,7 @@ def model(default_model: Path):
 
 def test_small_and_hybrid(default_model: Path, model: _Model) -> None:
     assert default_model.stat().st_size < 20 * 2**20
-    assert llama_cpp.llama_model_is_hybrid(model.ptr) or llama_cpp.llama_model_is_recurrent(
-        model.ptr
-    )
+    assert llama_cpp.llama_model_is_hybrid(model.ptr) or llama_cpp.llama_model_is_recurrent(model.ptr)
     assert llama_cpp.llama_vocab_n_tokens(model.vocab) == 8192
 
 
@@ -155,9 +153,7 @@ def _ple_values(path: Path) -> tuple[str, np.ndarray]:
 
 @pytest.mark.parametrize("encode_index", [False, True], ids=["random", "index"])
 @pytest.mark.parametrize("ple_type", PLE_TYPES)
-def test_ple_table_types(
-    cache_dir: Path, tokenizer_gguf: Path, ple_type: str, encode_index: bool
-) -> None:
+def test_ple_table_types(cache_dir: Path, tokenizer_gguf: Path, ple_type: str, encode_index: bool) -> None:
     path = tiny_qwen4exp_path(
         cache_dir, tokenizer_gguf, ple_type=ple_type, ple_rows_encode_index=encode_index
     )

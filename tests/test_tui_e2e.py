@@ -26,8 +26,9 @@ async def wait_for(cond, timeout: float = 120.0) -> None:
 
 
 def build(profile, db):
-    return make_app(profile, store=SessionStore(db), settings=AppSettings(),
-                    memory_interval=None, cursor_blink=False)
+    return make_app(
+        profile, store=SessionStore(db), settings=AppSettings(), memory_interval=None, cursor_blink=False
+    )
 
 
 async def turn(pilot, screen: ChatScreen, text: str) -> None:
@@ -51,6 +52,7 @@ async def test_real_engine_stream_resume_and_reopen(velo_home, smollm2_path, tmp
         def spy(n_tokens: int, t_first: float, t_last: float, **kw) -> None:
             streamed.append(n_tokens)
             original(n_tokens, t_first, t_last, **kw)
+
         panel.tokens = spy  # the screen calls the panel once per streamed update
         await turn(pilot, screen, "Name three colours.")
         reply = screen.query_one(Transcript).last_reply()

@@ -61,7 +61,9 @@ async def test_send_streams_and_persists(tmp_path):
         await send(pilot, "hi")
         views = chat(app).query_one(Transcript).views()
         assert [(v.role, v.text, v.status) for v in views] == [
-            ("user", "hi", "complete"), ("assistant", "Hello **there**.", "complete")]
+            ("user", "hi", "complete"),
+            ("assistant", "Hello **there**.", "complete"),
+        ]
         session = app.store.list_sessions()[0]
         assert [m.content for m in app.store.messages(session.id)] == ["hi", "Hello **there**."]
         assert chat(app).session.id == session.id
@@ -88,7 +90,8 @@ async def test_cancel_keeps_partial_reply_marked_interrupted(tmp_path):
         assert reply.status == "interrupted" and reply.content == "one two t"
         view = screen.query_one(Transcript).views()[-1]
         assert view.has_class("-interrupted") and "interrupted" in str(
-            view.query_one(".message-header").render())
+            view.query_one(".message-header").render()
+        )
 
 
 async def test_cancel_mid_prefill(tmp_path):
@@ -301,9 +304,17 @@ async def test_keymap_rebinds_and_palette_lists_actions(tmp_path):
         await pilot.pause()
         assert chat(app).session is None
         titles = {c.title for c in app.get_system_commands(chat(app))}
-        for expected in ("New session", "Rename session", "Delete session", "Fork session",
-                         "Export session (Markdown)", "Copy the message", "Stop the reply",
-                         "Help: every key", "Settings: profiles"):
+        for expected in (
+            "New session",
+            "Rename session",
+            "Delete session",
+            "Fork session",
+            "Export session (Markdown)",
+            "Copy the message",
+            "Stop the reply",
+            "Help: every key",
+            "Settings: profiles",
+        ):
             assert expected in titles
 
 

@@ -45,8 +45,9 @@ def burst(app, text: str) -> None:
 
 
 def user_messages(app) -> list[str]:
-    return [m.content for s in app.store.list_sessions() for m in app.store.messages(s.id)
-            if m.role == "user"]
+    return [
+        m.content for s in app.store.list_sessions() for m in app.store.messages(s.id) if m.role == "user"
+    ]
 
 
 async def test_keys_faster_than_the_app_handles_them_are_all_sent(tmp_path):
@@ -134,8 +135,7 @@ async def test_a_failed_activation_keeps_the_running_profile_and_saves_nothing(t
         screen = await ready(pilot)
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
-        app.screen.query_one("#profile-list").highlighted = app.screen.names.index(
-            "spark-qwen38")
+        app.screen.query_one("#profile-list").highlighted = app.screen.names.index("spark-qwen38")
         await pilot.press("enter", "y")  # activate, then "Reload now?"
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
         assert "model file not found" in app.screen.body
@@ -159,8 +159,7 @@ async def test_a_load_that_fails_after_closing_reloads_the_previous_profile(tmp_
         app.use_profile(load_profile("spark-qwen38"), ask=False, activate=True)
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
         assert "failed to allocate" in app.screen.body and "Still running" in app.screen.body
-        assert [e.profile.name for e in factory.engines] == ["default", "spark-qwen38",
-                                                             "default"]
+        assert [e.profile.name for e in factory.engines] == ["default", "spark-qwen38", "default"]
         assert app.host.profile.name == "default" and app.host.loaded
         assert app.profile.name == "default" and active_profile_name() == "default"
         await pilot.press("escape")
@@ -199,8 +198,7 @@ async def test_settings_save_errors_are_dialogs(tmp_path):
 
 
 async def test_a_locked_store_in_session_actions_is_a_dialog(tmp_path):
-    store = SessionStore(tmp_path / "sessions.db", busy_timeout_s=0.05,
-                         clock=lambda: FIXED_NOW)
+    store = SessionStore(tmp_path / "sessions.db", busy_timeout_s=0.05, clock=lambda: FIXED_NOW)
     app, _ = fake_app(tmp_path, store=store)
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot)

@@ -21,8 +21,10 @@ from tests.support.tui_helpers import fake_app
 
 pytestmark = pytest.mark.usefixtures("bare_home")
 SIZE = (100, 30)
-CODE_REPLY = ("Use a list comprehension:\n\n```python\nsquares = [n * n for n in range(10)]\n"
-              "print(squares)\n```\n\nIt builds the list in one pass.")
+CODE_REPLY = (
+    "Use a list comprehension:\n\n```python\nsquares = [n * n for n in range(10)]\n"
+    "print(squares)\n```\n\nIt builds the list in one pass."
+)
 
 
 def chat(app) -> ChatScreen:
@@ -46,6 +48,7 @@ def sender(text: str, *, until_idle: bool = True):
         if until_idle:
             await wait_for(lambda: not screen.busy)
         await pilot.pause(0.2)
+
     return run
 
 
@@ -55,6 +58,7 @@ def test_empty_state(snap_compare, tmp_path):
     async def ready(pilot):
         await wait_for(lambda: chat(pilot.app).model_ready)
         await pilot.pause()
+
     assert snap_compare(app, terminal_size=SIZE, run_before=ready)
 
 
@@ -66,9 +70,11 @@ def test_session_with_code_answer(snap_compare, tmp_path):
 def test_thinking_reply(snap_compare, tmp_path):
     """A thinking model's reply: its reasoning collapsed above the answer, the panel's thinking
     and answer tokens and time to the first answer, and the thinking state on the preview line."""
-    script = FakeScript(reasoning="The user asks for squares. A comprehension is shortest.",
-                        reply=CODE_REPLY,
-                        thinking=ThinkingSupport(switch="enable_thinking", default_on=True))
+    script = FakeScript(
+        reasoning="The user asks for squares. A comprehension is shortest.",
+        reply=CODE_REPLY,
+        thinking=ThinkingSupport(switch="enable_thinking", default_on=True),
+    )
     app, _ = fake_app(tmp_path, script)
     assert snap_compare(app, terminal_size=SIZE, run_before=sender("squares of 0..9 in python"))
 
@@ -82,6 +88,7 @@ def test_streaming_with_live_panel(snap_compare, tmp_path):
         screen = chat(pilot.app)
         await wait_for(lambda: screen._reply is not None and len(screen._reply.text) >= 120)
         await pilot.pause(0.3)
+
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run)
     finally:
@@ -96,6 +103,7 @@ def test_prefill_progress(snap_compare, tmp_path):
         await sender("a long document " * 40, until_idle=False)(pilot)
         await wait_for(lambda: chat(pilot.app).query_one("#panel-prefill").display)
         await pilot.pause(0.2)
+
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run)
     finally:
@@ -109,15 +117,18 @@ def test_settings_screen(snap_compare, tmp_path):
         await wait_for(lambda: chat(pilot.app).model_ready)
         await pilot.press("f2")
         await pilot.pause(0.2)
+
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
 
 
 def test_error_dialog(snap_compare, tmp_path):
-    script = FakeScript(load_error=GGUFError(
-        "/models/broken.gguf: not a GGUF file (bad magic b'PK\\x03\\x04')"))
+    script = FakeScript(
+        load_error=GGUFError("/models/broken.gguf: not a GGUF file (bad magic b'PK\\x03\\x04')")
+    )
     app, _ = fake_app(tmp_path, script)
 
     async def run(pilot):
         await wait_for(lambda: isinstance(pilot.app.screen, MessageDialog))
         await pilot.pause()
+
     assert snap_compare(app, terminal_size=SIZE, run_before=run)

@@ -22,8 +22,9 @@ QWEN3 = ThinkingSupport(switch="enable_thinking", default_on=True)
 
 
 def thinking_app(tmp_path, thinking: ThinkingSupport | None = QWEN3, **profile):
-    script = FakeScript(reasoning="First, the light scatters.", reply="Rayleigh scattering.",
-                        thinking=thinking)
+    script = FakeScript(
+        reasoning="First, the light scatters.", reply="Rayleigh scattering.", thinking=thinking
+    )
     return fake_app(tmp_path, script, profile=build_profile("default", profile))
 
 
@@ -36,8 +37,7 @@ async def test_reasoning_streams_apart_and_is_stored_apart(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "why is the sky blue?")
         reply = chat(app).query_one(Transcript).last_reply()
-        assert (reply.text, reply.reasoning) == ("Rayleigh scattering.",
-                                                 "First, the light scatters.")
+        assert (reply.text, reply.reasoning) == ("Rayleigh scattering.", "First, the light scatters.")
         box = reply.query_one(".thinking", Collapsible)
         assert box.display and box.collapsed  # shown, collapsed
         stored = app.store.messages(chat(app).session.id)[-1]
@@ -46,8 +46,7 @@ async def test_reasoning_streams_apart_and_is_stored_apart(tmp_path):
         assert line(app, "#panel-thinking") == "thinking 9 · answer 7 tok"
         assert "first answer 0.14 s" in line(app, "#panel-ttft")
         # reopened from the store, the reasoning is still in its own block
-        await chat(app).query_one(Transcript).show_messages(
-            app.store.messages(chat(app).session.id))
+        await chat(app).query_one(Transcript).show_messages(app.store.messages(chat(app).session.id))
         await pilot.pause()
         again = chat(app).query_one(Transcript).last_reply()
         assert again.reasoning == reply.reasoning and again.query_one(".thinking").display
@@ -71,8 +70,11 @@ async def test_the_thinking_key_flips_thinking_for_the_next_turns(tmp_path):
         await send(pilot, "three")
         assert factory.engines[0].reasoning[-1].enabled == "on"
         # a profile saved with another `reasoning.enabled` since the key was pressed wins
-        app.adopt_profile(dataclasses.replace(app.profile, reasoning=dataclasses.replace(
-            app.profile.reasoning, enabled="off")))
+        app.adopt_profile(
+            dataclasses.replace(
+                app.profile, reasoning=dataclasses.replace(app.profile.reasoning, enabled="off")
+            )
+        )
         await send(pilot, "four")
         assert factory.engines[0].reasoning[-1].enabled == "off"
 

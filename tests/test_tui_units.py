@@ -50,7 +50,8 @@ def test_reload_needed():
 
 def test_keymap_setting(tmp_path):
     path = tmp_path / "settings.toml"
-    path.write_text('active_profile = "default"\n[keymap]\n"session.new" = "ctrl+k"\n'
-                    'bogus = "x"\n', encoding="utf-8")
+    path.write_text(
+        'active_profile = "default"\n[keymap]\n"session.new" = "ctrl+k"\nbogus = "x"\n', encoding="utf-8"
+    )
     s = load_app_settings(path)
     assert s.keymap == {"session.new": "ctrl+k"} and "bogus" in s.problems[0]

@@ -35,13 +35,13 @@ def finals(events) -> list:
 
 @pytest.fixture
 def engine(smollm2_path: Path, tmp_path: Path):
-    with Engine(test_profile(smollm2_path, context={"n_ctx": 256}),
-                checkpoint_root=tmp_path / "ckpt") as e:
+    with Engine(test_profile(smollm2_path, context={"n_ctx": 256}), checkpoint_root=tmp_path / "ckpt") as e:
         e.load()
         yield e
 
 
 # -- the engine ---------------------------------------------------------------------------------
+
 
 def test_the_context_limit_keeps_the_reply_and_the_live_state(engine: Engine):
     n_ctx = engine.ctx.n_ctx
@@ -56,12 +56,10 @@ def test_the_context_limit_keeps_the_reply_and_the_live_state(engine: Engine):
     assert done.text and done.stats.decode_tokens == n_ctx - prompt  # the last one not decoded
     assert len(engine.live_tokens) == n_ctx - 1  # the state is kept, not cleared
     with pytest.raises(PromptTooLong):  # the follow-up does not fit: a user error, at once
-        engine.turn([*question, ChatMessage("assistant", done.text),
-                     ChatMessage("user", "and more")])
+        engine.turn([*question, ChatMessage("assistant", done.text), ChatMessage("user", "and more")])
 
 
-def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engine,
-                                                                    monkeypatch):
+def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engine, monkeypatch):
     question = [ChatMessage("user", "Name three colours.")]
     clean = engine.complete(question, max_tokens=8)
     engine.reset()
@@ -90,8 +88,7 @@ def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engi
 def test_cancel_is_one_turn_done_marked_cancelled(engine: Engine):
     cancel = threading.Event()
     events = []
-    for event in engine.turn([ChatMessage("user", "Tell me a story.")], max_tokens=50,
-                             cancel=cancel):
+    for event in engine.turn([ChatMessage("user", "Tell me a story.")], max_tokens=50, cancel=cancel):
         events.append(event)
         if isinstance(event, TokenDelta):
             cancel.set()
@@ -100,6 +97,7 @@ def test_cancel_is_one_turn_done_marked_cancelled(engine: Engine):
 
 
 # -- the app's worker (generation.run_turn) -----------------------------------------------------
+
 
 class Recorder:
     def __init__(self, on_accepted=None) -> None:
@@ -149,7 +147,8 @@ def test_success_stores_both_and_ends_once(engine: Engine, tmp_path: Path):
 
 
 def test_a_store_that_refuses_the_start_stores_nothing_and_gives_the_text_back(
-        engine: Engine, tmp_path: Path):
+    engine: Engine, tmp_path: Path
+):
     db = tmp_path / "s.db"
     with SessionStore(db, busy_timeout_s=0.05) as store:
         post = Recorder()
@@ -213,11 +212,13 @@ def test_an_unexpected_exception_at_the_start_is_rejected_with_the_text(tmp_path
 
 # -- the CLI ------------------------------------------------------------------------------------
 
+
 def test_cli_context_limit_keeps_the_reply_and_says_why(velo_home, smol_engine):
     profiles = velo_home / "config" / "profiles"
     profiles.mkdir(parents=True)
     (profiles / "tight.toml").write_text(
-        '[context]\nn_ctx = 256\nn_threads = 2\n[sampling]\ntemperature = 0.0\n')
+        "[context]\nn_ctx = 256\nn_threads = 2\n[sampling]\ntemperature = 0.0\n"
+    )
     words = 1
     while True:  # a prompt that leaves a few tokens of room (same model, same template)
         prompt = "List every number you know, in words: " + "one two " * words

@@ -35,8 +35,7 @@ def _read_prompt(raw: str | None) -> tuple[str, str | None]:
     return clean.text, replaced_warning(what, clean)
 
 
-def _stream(events: Iterable[EngineEvent], quiet: bool
-            ) -> tuple[TurnDone | None, TurnFailed | None]:
+def _stream(events: Iterable[EngineEvent], quiet: bool) -> tuple[TurnDone | None, TurnFailed | None]:
     """Print the reply as it streams (unless `quiet`): the reasoning to stderr, the answer to
     stdout. Returns the final event."""
     done = failed = None
@@ -72,16 +71,19 @@ def run(args: argparse.Namespace) -> int:
     with open_store() as store:
         session = store.get_session(store.resolve_id(args.session)) if args.session else None
         profile_name = args.ask_profile or args.profile or (session.profile if session else None)
-        profile = override_sampling(resolve_profile(profile_name), temperature=args.temperature,
-                                    seed=args.seed, max_tokens=args.max_tokens)
+        profile = override_sampling(
+            resolve_profile(profile_name),
+            temperature=args.temperature,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+        )
         if rewind:
             last = last_user_message(store.messages(session.id))
             if last is None:
                 raise UserError("the session has no user message to regenerate or edit")
             prompt = prompt if prompt is not None else last.content
         with load_engine(profile, args.model, quiet=args.json) as engine:
-            started = start_turn(store, engine, session=session, profile=profile, text=prompt,
-                                 rewind=rewind)
+            started = start_turn(store, engine, session=session, profile=profile, text=prompt, rewind=rewind)
             session = started.session
             done, failed = _stream(record(started.events, started.recorded), args.json)
     if failed is not None:
@@ -89,9 +91,17 @@ def run(args: argparse.Namespace) -> int:
     if done is None:  # the engine's contract says this cannot happen; never a bare assert
         raise RuntimeError("the turn ended without a final event")
     if args.json:
-        print(json.dumps({"text": done.text, "reasoning": done.reasoning,
-                          "session_id": session.id, "stats": done.stats.to_json()},
-                         ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "text": done.text,
+                    "reasoning": done.reasoning,
+                    "session_id": session.id,
+                    "stats": done.stats.to_json(),
+                },
+                ensure_ascii=False,
+            )
+        )
     else:
         sys.stdout.write("\n")
     if not started.recorded.saved:  # printed above, so not lost; but say it is not stored
@@ -99,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     if done.stats.finish_reason == "context":
-        print(f"velo-chat: warning: the reply stopped at the end of the context "
-              f"({done.stats.prompt_tokens + done.stats.decode_tokens:,} tokens); start a new "
-              "session or raise context.n_ctx in the profile", file=sys.stderr)
+        print(
+            f"velo-chat: warning: the reply stopped at the end of the context "
+            f"({done.stats.prompt_tokens + done.stats.decode_tokens:,} tokens); start a new "
+            "session or raise context.n_ctx in the profile",
+            file=sys.stderr,
+        )
     return 0

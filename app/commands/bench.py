@@ -12,13 +12,11 @@ from ..errors import UserError
 from .common import load_engine, resolve_profile
 
 
-def _sizes(raw: str, option: str = "--prefill-sizes", *, empty_ok: bool = False
-           ) -> tuple[int, ...]:
+def _sizes(raw: str, option: str = "--prefill-sizes", *, empty_ok: bool = False) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in raw.split(",") if s.strip())
     except ValueError:
-        raise UserError(f"{option} must be numbers separated by commas, got {raw!r}") \
-            from None
+        raise UserError(f"{option} must be numbers separated by commas, got {raw!r}") from None
     if (not sizes and not empty_ok) or any(s < 1 for s in sizes):
         raise UserError(f"{option} must be positive numbers, got {raw!r}")
     return sizes
@@ -36,11 +34,18 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     with load_engine(profile, args.model, quiet=args.json) as engine:
-        result = run_bench(engine, profile_name=profile.name, prefill_sizes=sizes,
-                           decode_tokens=args.decode_tokens, repeats=args.repeats,
-                           resume_tokens=0 if args.no_resume else args.resume_tokens,
-                           load=args.load, load_same_session=args.load_same_session,
-                           thread_counts=thread_counts, on_progress=note)
+        result = run_bench(
+            engine,
+            profile_name=profile.name,
+            prefill_sizes=sizes,
+            decode_tokens=args.decode_tokens,
+            repeats=args.repeats,
+            resume_tokens=0 if args.no_resume else args.resume_tokens,
+            load=args.load,
+            load_same_session=args.load_same_session,
+            thread_counts=thread_counts,
+            on_progress=note,
+        )
     if not quiet:
         sys.stderr.write("\r\033[K")
     print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))

@@ -32,10 +32,18 @@ def replaced_warning(what: str, clean: CleanText) -> str | None:
     return f"velo-chat: warning: {what}: replaced {clean.replaced} invalid UTF-8 {noun} with U+FFFD"
 
 
-def override_sampling(profile: Profile, *, temperature: float | None = None,
-                      seed: int | None = None, max_tokens: int | None = None) -> Profile:
-    changes = {k: v for k, v in (("temperature", temperature), ("seed", seed),
-                                  ("max_tokens", max_tokens)) if v is not None}
+def override_sampling(
+    profile: Profile,
+    *,
+    temperature: float | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+) -> Profile:
+    changes = {
+        k: v
+        for k, v in (("temperature", temperature), ("seed", seed), ("max_tokens", max_tokens))
+        if v is not None
+    }
     if not changes:
         return profile
     return dataclasses.replace(profile, sampling=dataclasses.replace(profile.sampling, **changes))

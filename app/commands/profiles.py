@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 
 from velo_chat.engine.profiles import (
-    active_profile_name, list_profiles, load_profile, profile_to_toml,
+    active_profile_name,
+    list_profiles,
+    load_profile,
+    profile_to_toml,
 )
 
 

@@ -40,9 +40,22 @@ def _write(text: str, output: str | None) -> None:
 def _list(store: SessionStore, args: argparse.Namespace) -> None:
     sessions = store.list_sessions()
     if args.json:
-        print(json.dumps([{"id": s.id, "title": s.title, "profile": s.profile,
-                           "created_at": s.created_at, "updated_at": s.updated_at}
-                          for s in sessions], ensure_ascii=False, indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": s.id,
+                        "title": s.title,
+                        "profile": s.profile,
+                        "created_at": s.created_at,
+                        "updated_at": s.updated_at,
+                    }
+                    for s in sessions
+                ],
+                ensure_ascii=False,
+                indent=2,
+            )
+        )
         return
     for s in sessions:
         print(f"{s.id[:8]}  {_when(s.updated_at)}  {s.profile:<14} {s.title or '(untitled)'}")
@@ -104,6 +117,5 @@ def run(args: argparse.Namespace) -> int:
         elif action == "search":
             for hit in store.search(args.query):
                 title = hit.session.title or "(untitled)"
-                print(f"{hit.session.id[:8]}  #{hit.message.id} {hit.message.role:<9} {title}: "
-                      f"{hit.snippet}")
+                print(f"{hit.session.id[:8]}  #{hit.message.id} {hit.message.role:<9} {title}: {hit.snippet}")
     return 0

@@ -15,16 +15,14 @@ from textual.widgets.option_list import Option
 class ChoiceDialog(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="dialog.cancel")]
 
-    def __init__(self, title: str, choices: Sequence[tuple[str, str]],
-                 current: str | None = None) -> None:
+    def __init__(self, title: str, choices: Sequence[tuple[str, str]], current: str | None = None) -> None:
         super().__init__(classes="dialog-screen")
         self.title_text, self.choices, self.current = title, list(choices), current
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Static(self.title_text, classes="dialog-title")
-            yield OptionList(*[Option(label, id=key) for key, label in self.choices],
-                             id="choices")
+            yield OptionList(*[Option(label, id=key) for key, label in self.choices], id="choices")
 
     def on_mount(self) -> None:
         lst = self.query_one(OptionList)

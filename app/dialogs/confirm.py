@@ -10,8 +10,10 @@ from textual.widgets import Button, Static
 
 
 class ConfirmDialog(ModalScreen[bool]):
-    BINDINGS = [Binding("escape,n", "answer(False)", "No", id="dialog.no"),
-                Binding("y", "answer(True)", "Yes", id="dialog.yes")]
+    BINDINGS = [
+        Binding("escape,n", "answer(False)", "No", id="dialog.no"),
+        Binding("y", "answer(True)", "Yes", id="dialog.yes"),
+    ]
 
     def __init__(self, title: str, body: str, yes: str = "Yes", no: str = "No") -> None:
         super().__init__(classes="dialog-screen")

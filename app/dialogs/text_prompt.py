@@ -18,9 +18,14 @@ from textual.widgets import Input, Static
 class TextPrompt(ModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="dialog.cancel")]
 
-    def __init__(self, title: str, value: str = "", *,
-                 validate: Callable[[str], str | None] | None = None,
-                 cursor_blink: bool = True) -> None:
+    def __init__(
+        self,
+        title: str,
+        value: str = "",
+        *,
+        validate: Callable[[str], str | None] | None = None,
+        cursor_blink: bool = True,
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.title_text, self.value, self.validate = title, value, validate
         self.cursor_blink = cursor_blink
@@ -31,8 +36,7 @@ class TextPrompt(ModalScreen[str | None]):
             box = Input(self.value, id="prompt-input")
             box.cursor_blink = self.cursor_blink
             yield box
-            yield Static("Enter to accept, Esc to cancel", id="prompt-error",
-                         classes="dialog-hint")
+            yield Static("Enter to accept, Esc to cancel", id="prompt-error", classes="dialog-hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         value = event.value.strip()

@@ -29,8 +29,17 @@ from .. import keymap
 from ..dialogs.message import error_dialog
 from ..generation import TurnRequest, run_load, run_preview, run_turn
 from ..messages import (
-    EngineNotice, ModelLoadFailed, ModelLoadProgress, ModelReady, PrefillUpdated, PreviewReady,
-    TokensStreamed, TurnAccepted, TurnBegan, TurnEnded, TurnRejected,
+    EngineNotice,
+    ModelLoadFailed,
+    ModelLoadProgress,
+    ModelReady,
+    PrefillUpdated,
+    PreviewReady,
+    TokensStreamed,
+    TurnAccepted,
+    TurnBegan,
+    TurnEnded,
+    TurnRejected,
 )
 from ..widgets.composer.composer import Composer
 from ..widgets.sessions.sidebar import SessionSidebar
@@ -69,16 +78,18 @@ class ChatScreen(SessionActions, Screen[None]):
     def compose(self) -> ComposeResult:
         app = self.app
         with Horizontal(id="chat-body"):
-            yield SessionSidebar(clock=app.wall_clock, cursor_blink=app.cursor_blink,
-                                 id="sidebar")
+            yield SessionSidebar(clock=app.wall_clock, cursor_blink=app.cursor_blink, id="sidebar")
             with Vertical(id="main"):
                 yield Static("", id="session-header")
-                yield Transcript(show_thinking=app.profile.reasoning.show_thinking,
-                                 id="transcript")
+                yield Transcript(show_thinking=app.profile.reasoning.show_thinking, id="transcript")
                 yield Composer(cursor_blink=app.cursor_blink, id="composer")
                 yield Static("", id="preview-line")
-            yield LivePanel(clock=app.clock, memory_probe=app.memory_probe,
-                            memory_interval=app.memory_interval, id="panel")
+            yield LivePanel(
+                clock=app.clock,
+                memory_probe=app.memory_probe,
+                memory_interval=app.memory_interval,
+                id="panel",
+            )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -174,8 +185,10 @@ class ChatScreen(SessionActions, Screen[None]):
             self.app.push_screen(error_dialog("The message was not sent", str(exc)))
             return
         if clean.replaced:
-            self.notify(f"{clean.replaced} character(s) of the message were not valid text "
-                        "and were sent as \ufffd.", severity="warning")
+            self.notify(
+                f"{clean.replaced} character(s) of the message were not valid text and were sent as \ufffd.",
+                severity="warning",
+            )
         await self._start_turn(clean.text)
 
     @on(Composer.Held)
@@ -184,11 +197,16 @@ class ChatScreen(SessionActions, Screen[None]):
 
     def _say_why_not_sent(self) -> None:
         if self.busy:
-            self.notify("A reply is streaming: wait, or press Esc to stop it. Your message "
-                        "stays in the input.", severity="warning")
+            self.notify(
+                "A reply is streaming: wait, or press Esc to stop it. Your message stays in the input.",
+                severity="warning",
+            )
         else:
-            self.notify("The model is not loaded yet. Your message stays in the input; press "
-                        "Enter again when it is ready.", severity="warning")
+            self.notify(
+                "The model is not loaded yet. Your message stays in the input; press "
+                "Enter again when it is ready.",
+                severity="warning",
+            )
 
     async def action_regenerate(self) -> None:
         """Answer the last question again; resumes from the checkpoint before it."""
@@ -202,7 +220,7 @@ class ChatScreen(SessionActions, Screen[None]):
             self.notify("This session has no question to answer again.", severity="warning")
             return
         text = views[users[-1]].text
-        for view in views[users[-1]:]:
+        for view in views[users[-1] :]:
             await view.remove()
         await self._start_turn(text, rewind=True)
 
@@ -213,20 +231,35 @@ class ChatScreen(SessionActions, Screen[None]):
         self._cancel = threading.Event()
         transcript = self.query_one(Transcript)
         self._user_view = await transcript.add_message(MessageView("user", text))
-        self._reply = await transcript.add_message(MessageView(
-            "assistant", streaming=True, show_thinking=self.app.profile.reasoning.show_thinking))
+        self._reply = await transcript.add_message(
+            MessageView("assistant", streaming=True, show_thinking=self.app.profile.reasoning.show_thinking)
+        )
         transcript.scroll_end(animate=False)
         transcript.follow()
         self.query_one(LivePanel).turn_sent()
         self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
-        self._generate(TurnRequest(text, self.session, self.app.profile, self.app.turn_kwargs,
-                                   rewind=rewind, reasoning=self._reasoning()))
+        self._generate(
+            TurnRequest(
+                text,
+                self.session,
+                self.app.profile,
+                self.app.turn_kwargs,
+                rewind=rewind,
+                reasoning=self._reasoning(),
+            )
+        )
 
     @work(thread=True, exclusive=True, group="generation")
     def _generate(self, request: TurnRequest) -> None:
         worker = get_current_worker()
-        run_turn(self.app.host, self.app.store, request, self.post_message, self._cancel,
-                 lambda: worker.is_cancelled)
+        run_turn(
+            self.app.host,
+            self.app.store,
+            request,
+            self.post_message,
+            self._cancel,
+            lambda: worker.is_cancelled,
+        )
 
     async def on_turn_rejected(self, msg: TurnRejected) -> None:
         for view in (self._user_view, self._reply):
@@ -255,13 +288,15 @@ class ChatScreen(SessionActions, Screen[None]):
         self.query_one(LivePanel).prefill(msg.progress)
         p = msg.progress
         self.query_one("#preview-line", Static).update(
-            f"prefilling {p.done:,}/{p.total:,} · ETA {p.eta_s:.1f} s · Esc stops")
+            f"prefilling {p.done:,}/{p.total:,} · ETA {p.eta_s:.1f} s · Esc stops"
+        )
 
     async def on_tokens_streamed(self, msg: TokensStreamed) -> None:
         if self._reply is not None:
             await self._reply.stream_text(msg.text, msg.reasoning)
-        self.query_one(LivePanel).tokens(msg.n_tokens, msg.t_first, msg.t_last,
-                                         n_reasoning=msg.n_reasoning, answering=bool(msg.text))
+        self.query_one(LivePanel).tokens(
+            msg.n_tokens, msg.t_first, msg.t_last, n_reasoning=msg.n_reasoning, answering=bool(msg.text)
+        )
 
     def on_engine_notice(self, msg: EngineNotice) -> None:
         self.notify(msg.message, severity="warning")
@@ -271,10 +306,12 @@ class ChatScreen(SessionActions, Screen[None]):
             reply = msg.reply
             # What streamed on screen wins over the stored row, which may lag a flush behind
             # or not have been written at all.
-            text = msg.text if msg.text is not None else (
-                reply.content if reply else self._reply.text)
-            reasoning = msg.reasoning if msg.text is not None else (
-                reply.reasoning if reply else self._reply.reasoning)
+            text = msg.text if msg.text is not None else (reply.content if reply else self._reply.text)
+            reasoning = (
+                msg.reasoning
+                if msg.text is not None
+                else (reply.reasoning if reply else self._reply.reasoning)
+            )
             status = "error" if msg.failed else (reply.status if reply else "interrupted")
             await self._reply.finish(text, status, reply.id if reply else None, reasoning)
         self.query_one(LivePanel).turn_ended(msg.stats)
@@ -282,14 +319,21 @@ class ChatScreen(SessionActions, Screen[None]):
         if msg.failed:
             self.notify(f"The reply failed: {msg.failed}", severity="error", timeout=8)
         if not msg.saved:
-            self.app.push_screen(error_dialog(
-                "The reply was not saved", f"The session store refused it ({msg.save_error}). "
-                "The reply is shown here but will not be in the session after a restart: "
-                "copy what you need."))
+            self.app.push_screen(
+                error_dialog(
+                    "The reply was not saved",
+                    f"The session store refused it ({msg.save_error}). "
+                    "The reply is shown here but will not be in the session after a restart: "
+                    "copy what you need.",
+                )
+            )
         elif msg.stats is not None and msg.stats.finish_reason == "context":
-            self.notify("The reply stopped at the end of the context window. Start a new "
-                        "session (Ctrl+N) or raise context.n_ctx in the profile.",
-                        severity="warning", timeout=10)
+            self.notify(
+                "The reply stopped at the end of the context window. Start a new "
+                "session (Ctrl+N) or raise context.n_ctx in the profile.",
+                severity="warning",
+                timeout=10,
+            )
         self.refresh_sessions()
         self.request_preview()
 
@@ -325,8 +369,7 @@ class ChatScreen(SessionActions, Screen[None]):
         if not self.model_ready or self.busy:
             return
         draft = self.query_one(Composer).text or " "
-        self._preview(TurnRequest(draft, self.session, self.app.profile,
-                                  reasoning=self._reasoning()))
+        self._preview(TurnRequest(draft, self.session, self.app.profile, reasoning=self._reasoning()))
 
     @work(thread=True, exclusive=True, group="preview")
     def _preview(self, request: TurnRequest) -> None:
@@ -339,8 +382,7 @@ class ChatScreen(SessionActions, Screen[None]):
         line = ""
         if p is not None:
             est = f" ≈ {p.est_prefill_s:.1f} s" if p.est_prefill_s is not None else ""
-            line = (f"reuses {p.cached_tokens:,} cached tokens · prefills "
-                    f"{p.prefill_tokens:,}{est}")
+            line = f"reuses {p.cached_tokens:,} cached tokens · prefills {p.prefill_tokens:,}{est}"
         thinks = self._thinks()
         if thinks is not None:
             line = f"thinking {'on' if thinks else 'off'}" + (f" · {line}" if line else "")
@@ -367,8 +409,7 @@ class ChatScreen(SessionActions, Screen[None]):
         """Turn thinking on or off for the next turns (not saved in the profile)."""
         thinks = self._thinks()
         if thinks is None:
-            self.notify("This model's chat template has no thinking switch.",
-                        severity="warning")
+            self.notify("This model's chat template has no thinking switch.", severity="warning")
             return
         self._thinking = (self.app.profile.reasoning.enabled, not thinks)
         self.notify(f"Thinking {'off' if thinks else 'on'} from the next turn.", timeout=3)
@@ -387,8 +428,10 @@ class ChatScreen(SessionActions, Screen[None]):
         else:
             text = f"[b]{(self.session.title or 'untitled').replace('[', chr(92) + '[')}[/b]"
             if self.session.profile != profile:
-                text += (f" · [b $warning]session profile {self.session.profile}, running "
-                         f"{profile}[/] (Ctrl+O switches)")
+                text += (
+                    f" · [b $warning]session profile {self.session.profile}, running "
+                    f"{profile}[/] (Ctrl+O switches)"
+                )
             else:
                 text += f" · profile {profile}"
         self.query_one("#session-header", Static).update(text)

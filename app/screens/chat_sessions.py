@@ -67,14 +67,12 @@ class SessionActions:
 
     async def open_session(self, session_id: str | None) -> None:
         if self.busy:
-            self.notify("A reply is streaming: stop it (Esc) before switching.",
-                        severity="warning")
+            self.notify("A reply is streaming: stop it (Esc) before switching.", severity="warning")
             return
         store = self.app.store
         loaded = None
         with self.store_guard("Cannot open the session"):
-            loaded = ((store.get_session(session_id), store.messages(session_id)) if session_id
-                      else (None, []))
+            loaded = (store.get_session(session_id), store.messages(session_id)) if session_id else (None, [])
         if loaded is None:
             return
         self.session, messages = loaded
@@ -119,8 +117,9 @@ class SessionActions:
                         self._update_header()
                 self.refresh_sessions()
 
-        self.app.push_screen(TextPrompt("Rename session", target.title or "",
-                                        cursor_blink=self.app.cursor_blink), done)
+        self.app.push_screen(
+            TextPrompt("Rename session", target.title or "", cursor_blink=self.app.cursor_blink), done
+        )
 
     def action_delete_session(self) -> None:
         target = self._need_target()
@@ -144,9 +143,16 @@ class SessionActions:
             self.refresh_sessions()
             self.notify(f"Deleted “{target.title or 'untitled'}”.")
 
-        self.app.push_screen(ConfirmDialog(
-            "Delete session?", f"“{target.title or 'untitled'}” and all its messages will be "
-            "deleted. This cannot be undone.", yes="Delete", no="Keep"), done)
+        self.app.push_screen(
+            ConfirmDialog(
+                "Delete session?",
+                f"“{target.title or 'untitled'}” and all its messages will be "
+                "deleted. This cannot be undone.",
+                yes="Delete",
+                no="Keep",
+            ),
+            done,
+        )
 
     async def action_fork_session(self) -> None:
         target = self._need_target()
@@ -200,8 +206,9 @@ class SessionActions:
             self.app.use_profile(profile)
             self._update_header()
 
-        self.app.push_screen(ChoiceDialog("Switch this session's profile", choices,
-                                          self.app.profile.name), done)
+        self.app.push_screen(
+            ChoiceDialog("Switch this session's profile", choices, self.app.profile.name), done
+        )
 
     # -- copying ------------------------------------------------------------------------------
 

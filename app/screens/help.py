@@ -12,7 +12,7 @@ from .. import keymap
 
 INTRO = (
     "[b]velo-chat keys[/b]\n"
-    "Rebind any of these in settings.toml, e.g.\n  \\[keymap]\n  \"session.new\" = \"f9\"\n"
+    'Rebind any of these in settings.toml, e.g.\n  \\[keymap]\n  "session.new" = "f9"\n'
     "Ctrl+P opens the command palette: every action below is there too.\n"
 )
 

@@ -14,7 +14,11 @@ from textual.widgets.option_list import Option
 
 from velo_chat.engine.profile_schema import Profile
 from velo_chat.engine.profiles import (
-    NAME_RE, ProfileError, list_profiles, load_profile, save_user_profile,
+    NAME_RE,
+    ProfileError,
+    list_profiles,
+    load_profile,
+    save_user_profile,
     shipped_profile,
 )
 
@@ -40,8 +44,7 @@ class SettingsScreen(Screen[None]):
                 yield Static("Enter activates", classes="form-doc")
             with Vertical(id="form-pane"):
                 yield Static("", id="form-title")
-                yield ProfileForm(self.app.profile, cursor_blink=self.app.cursor_blink,
-                                  id="profile-form")
+                yield ProfileForm(self.app.profile, cursor_blink=self.app.cursor_blink, id="profile-form")
                 yield Static("", id="form-status")
         yield Footer()
 
@@ -96,8 +99,7 @@ class SettingsScreen(Screen[None]):
             status.update(f"[b $error]{event.error.replace('[', chr(92) + '[')}[/]")
         else:
             changed = diff_lines(self.form.profile, event.profile) if event.profile else []
-            status.update(f"{len(changed)} unsaved change(s) · Ctrl+S saves" if changed
-                          else "no changes")
+            status.update(f"{len(changed)} unsaved change(s) · Ctrl+S saves" if changed else "no changes")
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -167,8 +169,9 @@ class SettingsScreen(Screen[None]):
             self._title()
             self.notify(f"Saved as {name}")
 
-        self.app.push_screen(TextPrompt("Save as new profile", "", validate=check,
-                                        cursor_blink=self.app.cursor_blink), done)
+        self.app.push_screen(
+            TextPrompt("Save as new profile", "", validate=check, cursor_blink=self.app.cursor_blink), done
+        )
 
     def action_revert(self) -> None:
         name = self.form.profile.name

@@ -19,8 +19,7 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
     with the same count (docs/threads.md)."""
     data = {
         "model": {"path": str(model_path)},
-        "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2,
-                    "adapt_threads": False},
+        "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2, "adapt_threads": False},
         "sampling": {"temperature": 0.0, "max_tokens": 64},
         # Short test prompts: save the state before every reply, however short the prefill.
         "checkpoints": {"min_prefill_tokens": 0},
@@ -36,15 +35,16 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
 test_profile.__test__ = False  # a helper, not a test
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, stdin: str | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """Run the real `velo-chat` console entry point in a subprocess."""
     return _run(args, env, stdin, timeout, text=True)
 
 
-def run_cli_bytes(*args: str | bytes, env: dict[str, str] | None = None,
-                  stdin: bytes | None = None, timeout: float = 300
-                  ) -> subprocess.CompletedProcess[bytes]:
+def run_cli_bytes(
+    *args: str | bytes, env: dict[str, str] | None = None, stdin: bytes | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[bytes]:
     """`run_cli` with bytes: arguments and stdin that are not UTF-8 (as a shell passes them),
     and stdout/stderr undecoded, so a test sees exactly what the CLI wrote."""
     return _run(args, env, stdin, timeout, text=False)
@@ -53,6 +53,10 @@ def run_cli_bytes(*args: str | bytes, env: dict[str, str] | None = None,
 def _run(args, env, stdin, timeout, *, text: bool):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "velo_chat.app.cli", *args], capture_output=True, text=text,
-        env=full_env, input=stdin, timeout=timeout,
+        [sys.executable, "-m", "velo_chat.app.cli", *args],
+        capture_output=True,
+        text=text,
+        env=full_env,
+        input=stdin,
+        timeout=timeout,
     )

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from velo_chat.engine.engine import PromptTooLong, ResumePreview
 from velo_chat.engine.llama_model import LoadCancelled
 from velo_chat.engine.events import (
-    ModelLoaded, ModelLoading, PrefillProgress, TokenDelta, TurnDone, TurnStarted, TurnStats,
+    ModelLoaded,
+    ModelLoading,
+    PrefillProgress,
+    TokenDelta,
+    TurnDone,
+    TurnStarted,
+    TurnStats,
 )
 from velo_chat.engine.thinking import ThinkingSupport, requested
 
@@ -33,7 +39,7 @@ class FakeCtx:
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)]
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 @dataclass
@@ -85,8 +91,18 @@ class FakeEngine:
                 raise LoadCancelled(f"loading {self.profile.name} was cancelled")
         emit(ModelLoading(1.0))
         self.model, self.ctx = FakeModel(), FakeCtx()
-        info = ModelLoaded("/models/fake.gguf", "llama", 135_000_000, 100 << 20, 4096, 2, False,
-                           0.1, n_threads_batch=2, threads="decode 2 (auto), prefill 2 (auto)")
+        info = ModelLoaded(
+            "/models/fake.gguf",
+            "llama",
+            135_000_000,
+            100 << 20,
+            4096,
+            2,
+            False,
+            0.1,
+            n_threads_batch=2,
+            threads="decode 2 (auto), prefill 2 (auto)",
+        )
         emit(info)
         return info
 
@@ -103,12 +119,12 @@ class FakeEngine:
         cached = min(self.live, n - 1)
         return ResumePreview(n, cached, n - cached, "live" if cached else "none", 0.1)
 
-    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, reasoning=None,
-             **kw):
+    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, reasoning=None, **kw):
         n = self._count(messages)
         if n > self.script.prompt_limit:
-            raise PromptTooLong(f"the conversation is {n:,} tokens but the context holds "
-                                f"{self.script.prompt_limit:,}")
+            raise PromptTooLong(
+                f"the conversation is {n:,} tokens but the context holds {self.script.prompt_limit:,}"
+            )
         if self.script.turn_error is not None:
             raise self.script.turn_error
         self.turns.append(list(messages))
@@ -159,14 +175,29 @@ class FakeEngine:
                     break
         self.live = n + count
         rate = 1 / s.dt
-        yield TurnDone(text, TurnStats(
-            ttft_s=0.05, prompt_tokens=n, cached_tokens=cached, prefill_tokens=tail,
-            prefill_s=tail / 1000, prefill_tok_s=1000.0, decode_tokens=count,
-            decode_s=(count - 1) * s.dt, decode_tok_s=rate if count > 1 else 0.0,
-            graphs_reused=max(0, count - 2), llama_eval_ms=1.0, llama_prompt_eval_ms=1.0,
-            wall_ms=1.0, total_s=0.5, finish_reason=finish, reasoning_tokens=n_reasoning,
-            first_answer_s=0.05 + n_reasoning * s.dt if count > n_reasoning else None),
-            reasoning)
+        yield TurnDone(
+            text,
+            TurnStats(
+                ttft_s=0.05,
+                prompt_tokens=n,
+                cached_tokens=cached,
+                prefill_tokens=tail,
+                prefill_s=tail / 1000,
+                prefill_tok_s=1000.0,
+                decode_tokens=count,
+                decode_s=(count - 1) * s.dt,
+                decode_tok_s=rate if count > 1 else 0.0,
+                graphs_reused=max(0, count - 2),
+                llama_eval_ms=1.0,
+                llama_prompt_eval_ms=1.0,
+                wall_ms=1.0,
+                total_s=0.5,
+                finish_reason=finish,
+                reasoning_tokens=n_reasoning,
+                first_answer_s=0.05 + n_reasoning * s.dt if count > n_reasoning else None,
+            ),
+            reasoning,
+        )
 
     def close(self) -> None:
         self.closed = True

@@ -35,7 +35,7 @@ class _Cursor:
 
     def string(self) -> bytes:
         n = self.take("Q")
-        out = self.data[self.pos:self.pos + n]
+        out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -73,14 +73,14 @@ def with_chat_template(source: Path, template: str, dest: Path) -> Path:
         if key == "general.alignment":
             (alignment,) = struct.unpack_from("<I", data, value_at)
         if key != KEY:
-            kvs.append(data[start:cur.pos])
+            kvs.append(data[start : cur.pos])
     kvs.append(_string(KEY.encode()) + struct.pack("<I", _STRING) + _string(template.encode()))
     infos_start = cur.pos
     for _ in range(n_tensors):
         cur.string()
         n_dims = cur.take("I")
         cur.pos += 8 * n_dims + 4 + 8  # dims, type, offset
-    infos = data[infos_start:cur.pos]
+    infos = data[infos_start : cur.pos]
     data_start = -(-cur.pos // alignment) * alignment
     head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, len(kvs)) + b"".join(kvs) + infos
     head += b"\0" * (-len(head) % alignment)

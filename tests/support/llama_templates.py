@@ -37,8 +37,9 @@ def llama_version() -> str:
 
 
 def _cache_dir(version: str) -> Path:
-    return Path(platformdirs.user_cache_dir("velo-chat")) / "test-data" / \
-        f"llama-cpp-python-{version}-templates"
+    return (
+        Path(platformdirs.user_cache_dir("velo-chat")) / "test-data" / f"llama-cpp-python-{version}-templates"
+    )
 
 
 def _extract(sdist: Path, dest: Path) -> bool:
@@ -83,8 +84,13 @@ def _is_sdist(path: Path, version: str) -> bool:
 def _from_pip_cache(version: str) -> Path | None:
     """The sdist in pip's HTTP cache (bodies are stored as files next to their metadata)."""
     try:
-        out = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True,
-                             text=True, timeout=60, check=True).stdout.strip()
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "cache", "dir"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     root = Path(out) / "http-v2"
@@ -97,8 +103,19 @@ def _from_pip_cache(version: str) -> Path | None:
 
 
 def _download(version: str, into: Path) -> Path | None:
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-           f"llama-cpp-python=={version}", "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        f"llama-cpp-python=={version}",
+        "-d",
+        str(into),
+    ]
     try:
         subprocess.run(cmd, capture_output=True, timeout=900, check=True)
     except (OSError, subprocess.SubprocessError) as exc:

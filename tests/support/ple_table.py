@@ -63,9 +63,7 @@ def check_row_dim(ple_type: str, row_dim: int) -> None:
     if ple_type not in GGML_TYPES:
         raise ValueError(f"ple_type must be one of {PLE_TYPES}, got {ple_type!r}")
     if ple_type in ("q8_0", "iq4_nl") and row_dim % BLOCK:
-        raise ValueError(
-            f"a {ple_type} PLE row must be a multiple of {BLOCK} values, got {row_dim}"
-        )
+        raise ValueError(f"a {ple_type} PLE row must be a multiple of {BLOCK} values, got {row_dim}")
 
 
 def index_levels(n_rows: int, row_dim: int) -> np.ndarray:

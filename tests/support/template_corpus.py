@@ -34,9 +34,11 @@ from .gguf_template import with_chat_template
 REPLY_TOKENS = 8
 SYSTEM = "You are a careful assistant. Answer briefly and cite the numbers you use."
 QUESTIONS = (
-    "Here are the notes from the last review. " + " ".join(
-        f"Item {i}: the parser drops line {i * 7} when the input ends without a newline."
-        for i in range(8)) + " Which items matter most?",
+    "Here are the notes from the last review. "
+    + " ".join(
+        f"Item {i}: the parser drops line {i * 7} when the input ends without a newline." for i in range(8)
+    )
+    + " Which items matter most?",
     "Why item 3?",
     "And what should we fix first?",
 )
@@ -76,10 +78,11 @@ def renders_system(engine: Engine) -> bool:
 
 def _profile(model: Path, system: bool, **checkpoints):
     profile = test_profile(
-        model, context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1},
+        model,
+        context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1},
         sampling={"max_tokens": REPLY_TOKENS},
-        checkpoints={"interval_tokens": 0, "min_prefill_tokens": 0, "disk_budget_gib": 0.0,
-                     **checkpoints})
+        checkpoints={"interval_tokens": 0, "min_prefill_tokens": 0, "disk_budget_gib": 0.0, **checkpoints},
+    )
     return dataclasses.replace(profile, system_prompt=SYSTEM if system else "")
 
 
@@ -107,8 +110,10 @@ def run_template(name: str, source: str, base_model: Path, workdir: Path) -> Tem
             system = renders_system(cold)
             profile = _profile(model, system)
             result = TemplateRun(name, system)
-            with SessionStore(workdir / "sessions.sqlite3") as store, \
-                    Engine(profile, checkpoint_root=workdir / "ckpt") as engine:
+            with (
+                SessionStore(workdir / "sessions.sqlite3") as store,
+                Engine(profile, checkpoint_root=workdir / "ckpt") as engine,
+            ):
                 engine.load()
                 for variant in VARIANTS:
                     result.turns[variant] = _session(engine, cold, store, profile, variant)
@@ -117,8 +122,7 @@ def run_template(name: str, source: str, base_model: Path, workdir: Path) -> Tem
         model.unlink(missing_ok=True)
 
 
-def _session(engine: Engine, cold: Engine, store: SessionStore, profile, variant: str
-             ) -> list[TurnResult]:
+def _session(engine: Engine, cold: Engine, store: SessionStore, profile, variant: str) -> list[TurnResult]:
     session, out, previous = None, [], None
     for k, question in enumerate(QUESTIONS):
         stored = store.messages(session.id) if session else []
@@ -129,8 +133,13 @@ def _session(engine: Engine, cold: Engine, store: SessionStore, profile, variant
         session = started_turn.session
         started, tokens, _ = _tokens(record(started_turn.events, started_turn.recorded))
         assert started.prompt_tokens == len(prompt)
-        turn = TurnResult(len(prompt), started.cached_tokens, preview,
-                          kept_before_reply(engine, convo, previous) if previous else 0, tokens)
+        turn = TurnResult(
+            len(prompt),
+            started.cached_tokens,
+            preview,
+            kept_before_reply(engine, convo, previous) if previous else 0,
+            tokens,
+        )
         if k:
             cold.reset()
             turn.cold = _tokens(cold.turn(convo))[1]
@@ -150,11 +159,9 @@ def kept_before_reply(engine: Engine, convo: list[ChatMessage], previous: list[i
     header (Mistral's reply follows `[/INST]` directly): the state before a reply is saved one
     token before the end of the prompt, because a restored state has no logits to sample from."""
     model = engine.model
-    before = model.tokenize_segments(
-        model.chat_template.segments(convo[:-2], add_generation_prompt=False))
+    before = model.tokenize_segments(model.chat_template.segments(convo[:-2], add_generation_prompt=False))
     prompt = engine.tokens_for(convo)
-    return min(common_prefix(prompt, before), common_prefix(prompt, previous),
-               len(previous) - 1)
+    return min(common_prefix(prompt, before), common_prefix(prompt, previous), len(previous) - 1)
 
 
 def reuse_row(run: TemplateRun) -> str:

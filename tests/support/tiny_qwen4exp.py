@@ -182,9 +182,7 @@ def build_tiny_qwen4exp(
         w.add_key_value(k + name, [int(v) for v in vals], GGUFValueType.ARRAY, GGUFValueType.UINT64)
 
     _add_weights(w, np.random.default_rng((seed, 0)), n_embd, tok.n_vocab, recurrent)
-    table = make_ple_table(
-        np.random.default_rng((seed, 1)), n_rows, row_dim, ple_type, ple_rows_encode_index
-    )
+    table = make_ple_table(np.random.default_rng((seed, 1)), n_rows, row_dim, ple_type, ple_rows_encode_index)
     w.add_tensor(PLE_TENSOR, table.raw, raw_dtype=table.ggml_type)
 
     w.write_header_to_file()
@@ -194,9 +192,7 @@ def build_tiny_qwen4exp(
     return out_path
 
 
-def _write_hparams(
-    w: GGUFWriter, n_embd: int, n_ctx: int, top_k: int, recurrent: list[bool]
-) -> None:
+def _write_hparams(w: GGUFWriter, n_embd: int, n_ctx: int, top_k: int, recurrent: list[bool]) -> None:
     a = ARCH
     u32 = {
         "context_length": n_ctx,
@@ -230,9 +226,7 @@ def _write_hparams(
     w.add_float32(f"{a}.rope.freq_base", 1e7)
     w.add_array(f"{a}.rope.dimension_sections", list(ROPE_SECTIONS))
     ratios = [0 if r else COMPRESS_RATIO for r in recurrent]
-    w.add_key_value(
-        f"{a}.attention.compress_ratios", ratios, GGUFValueType.ARRAY, GGUFValueType.UINT32
-    )
+    w.add_key_value(f"{a}.attention.compress_ratios", ratios, GGUFValueType.ARRAY, GGUFValueType.UINT32)
 
 
 def _add_weights(

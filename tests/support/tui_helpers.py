@@ -27,12 +27,25 @@ def fixed_store(path: Path) -> SessionStore:
     return SessionStore(path, clock=clock)
 
 
-def fake_app(tmp_path: Path, script: FakeScript | None = None, *, profile: Profile | None = None,
-             store: SessionStore | None = None, **kwargs) -> tuple[VeloChatApp, FakeFactory]:
+def fake_app(
+    tmp_path: Path,
+    script: FakeScript | None = None,
+    *,
+    profile: Profile | None = None,
+    store: SessionStore | None = None,
+    **kwargs,
+) -> tuple[VeloChatApp, FakeFactory]:
     factory = FakeFactory(script)
     app = make_app(
-        profile or build_profile("default", {}), engine_factory=factory,
-        store=store or fixed_store(tmp_path / "sessions.db"), settings=AppSettings(),
-        clock=lambda: 100.0, wall_clock=lambda: FIXED_NOW, memory_probe=lambda: (300 << 20, None),
-        memory_interval=None, cursor_blink=False, **kwargs)
+        profile or build_profile("default", {}),
+        engine_factory=factory,
+        store=store or fixed_store(tmp_path / "sessions.db"),
+        settings=AppSettings(),
+        clock=lambda: 100.0,
+        wall_clock=lambda: FIXED_NOW,
+        memory_probe=lambda: (300 << 20, None),
+        memory_interval=None,
+        cursor_blink=False,
+        **kwargs,
+    )
     return app, factory

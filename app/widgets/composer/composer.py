@@ -37,8 +37,9 @@ class Composer(TextArea):
 
         composer: Composer
 
-    def __init__(self, *, history: list[str] | None = None, cursor_blink: bool = True,
-                 id: str | None = None) -> None:
+    def __init__(
+        self, *, history: list[str] | None = None, cursor_blink: bool = True, id: str | None = None
+    ) -> None:
         super().__init__(id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus")
         self.cursor_blink = cursor_blink
         self.prompt_history: list[str] = list(history or [])

@@ -45,8 +45,9 @@ class SessionSidebar(Vertical):
     class Selected(Message):
         session_id: str
 
-    def __init__(self, *, clock: Callable[[], float] = time.time, cursor_blink: bool = True,
-                 id: str | None = None) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.time, cursor_blink: bool = True, id: str | None = None
+    ) -> None:
         super().__init__(id=id)
         self.clock = clock
         self.cursor_blink = cursor_blink

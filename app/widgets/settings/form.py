@@ -20,11 +20,19 @@ from velo_chat.engine.profile_schema import SECTIONS, Profile, value_type
 from velo_chat.engine.profiles import ProfileError, build_profile
 
 TOP = ("description", "system_prompt")
-TOP_DOCS = {"description": "One line shown in the profile list.",
-            "system_prompt": "The system message new sessions on this profile start with."}
-SECTION_TITLES = {"model": "Model", "context": "Context & memory", "sampling": "Sampling",
-                  "reasoning": "Reasoning", "speculation": "Speculation",
-                  "checkpoints": "Checkpoints", "display": "Display"}
+TOP_DOCS = {
+    "description": "One line shown in the profile list.",
+    "system_prompt": "The system message new sessions on this profile start with.",
+}
+SECTION_TITLES = {
+    "model": "Model",
+    "context": "Context & memory",
+    "sampling": "Sampling",
+    "reasoning": "Reasoning",
+    "speculation": "Speculation",
+    "checkpoints": "Checkpoints",
+    "display": "Display",
+}
 
 
 def field_id(key: str) -> str:
@@ -52,8 +60,7 @@ class ProfileForm(VerticalScroll):
         profile: Profile | None
         error: str | None
 
-    def __init__(self, profile: Profile, *, cursor_blink: bool = True,
-                 id: str | None = None) -> None:
+    def __init__(self, profile: Profile, *, cursor_blink: bool = True, id: str | None = None) -> None:
         super().__init__(id=id)
         self.profile = profile
         self.cursor_blink = cursor_blink
@@ -122,7 +129,7 @@ class ProfileForm(VerticalScroll):
                 else:
                     value = kind(raw.strip()) if kind in (int, float) else raw
             except ValueError:
-                what = 'a whole number' if kind is int else 'a number'
+                what = "a whole number" if kind is int else "a number"
                 errors[key] = f"{key} must be {what}" + (' or "auto"' if key in self._auto else "")
                 continue
             if "." in key:
@@ -140,8 +147,7 @@ class ProfileForm(VerticalScroll):
                 result = build_profile(self.profile.name, data)
             except ProfileError as exc:
                 message = str(exc)
-                hit = next((k for k in re.findall(r"[a-z_]+\.[a-z_0-9]+", message)
-                            if k in self._kinds), None)
+                hit = next((k for k in re.findall(r"[a-z_]+\.[a-z_0-9]+", message) if k in self._kinds), None)
                 errors[hit or "description"] = message
         for key in self._kinds:
             box = self.query_one(f"#{field_id(key)}-error", Static)

@@ -37,9 +37,14 @@ def _rate(x: float) -> str:
 class LivePanel(Vertical):
     """Shown on the right of the chat screen; hidden with a key (`chat.toggle_panel`)."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.perf_counter,
-                 memory_probe: MemoryProbe = default_memory_probe,
-                 memory_interval: float | None = 2.0, id: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        memory_probe: MemoryProbe = default_memory_probe,
+        memory_interval: float | None = 2.0,
+        id: str | None = None,
+    ) -> None:
         super().__init__(id=id)
         self.clock = clock
         self.memory_probe = memory_probe
@@ -96,8 +101,7 @@ class LivePanel(Vertical):
         threads = f"threads {info.n_threads}"
         if info.n_threads_batch:
             threads += f" · prefill {info.n_threads_batch}"
-        self.query_one("#panel-model", Static).update(
-            f"{name}\n{info.architecture} · {kind}\n{threads}")
+        self.query_one("#panel-model", Static).update(f"{name}\n{info.architecture} · {kind}\n{threads}")
         self._render_context()
 
     def model_failed(self, reason: str) -> None:
@@ -119,9 +123,11 @@ class LivePanel(Vertical):
 
     def turn_began(self, started: TurnStarted, n_ctx: int) -> None:
         self.n_ctx = n_ctx
-        self.context_line = (f"cached {started.cached_tokens:,} "
-                             f"({SOURCES.get(started.source, started.source)})\n"
-                             f"prefill {started.prefill_tokens:,}")
+        self.context_line = (
+            f"cached {started.cached_tokens:,} "
+            f"({SOURCES.get(started.source, started.source)})\n"
+            f"prefill {started.prefill_tokens:,}"
+        )
         self.fill_tokens = started.prompt_tokens
         self._render_context()
 
@@ -131,10 +137,12 @@ class LivePanel(Vertical):
         bar = self.query_one("#panel-prefill-bar", ProgressBar)
         bar.update(total=max(p.total, 1), progress=p.done)
         self.query_one("#panel-prefill-stats", Static).update(
-            f"{p.done:,}/{p.total:,} · {_rate(p.tok_s)} tok/s\nETA {p.eta_s:.1f} s")
+            f"{p.done:,}/{p.total:,} · {_rate(p.tok_s)} tok/s\nETA {p.eta_s:.1f} s"
+        )
 
-    def tokens(self, n_tokens: int, t_first: float, t_last: float, *, n_reasoning: int = 0,
-               answering: bool = False) -> None:
+    def tokens(
+        self, n_tokens: int, t_first: float, t_last: float, *, n_reasoning: int = 0, answering: bool = False
+    ) -> None:
         """The reply so far: `n_tokens` sampled, `n_reasoning` of them reasoning; `answering`:
         answer text has appeared."""
         self.query_one("#panel-prefill").display = False
@@ -166,15 +174,16 @@ class LivePanel(Vertical):
         m = self.meter
         avg = final if final is not None else m.average
         self.query_one("#panel-decode", Static).update(
-            f"now [b]{_rate(m.current)}[/b] avg {_rate(avg)}\npeak {_rate(m.peak)} "
-            f"· {m.n_tokens:,} tok")
+            f"now [b]{_rate(m.current)}[/b] avg {_rate(avg)}\npeak {_rate(m.peak)} · {m.n_tokens:,} tok"
+        )
         ttft = "—" if self.ttft is None else f"{self.ttft:.2f} s"
         thinking = self.query_one("#panel-thinking", Static)
         thinking.display = self.n_reasoning > 0
         if self.n_reasoning:
             answer = "—" if self.first_answer is None else f"{self.first_answer:.2f} s"
-            thinking.update(f"thinking {self.n_reasoning:,} · answer "
-                            f"{max(0, m.n_tokens - self.n_reasoning):,} tok")
+            thinking.update(
+                f"thinking {self.n_reasoning:,} · answer {max(0, m.n_tokens - self.n_reasoning):,} tok"
+            )
             ttft += f"\nfirst answer {answer}"
         self.query_one("#panel-ttft", Static).update(f"TTFT {ttft}")
 
@@ -183,8 +192,8 @@ class LivePanel(Vertical):
         if self.n_ctx:
             fill = f"{self.fill_tokens:,}/{self.n_ctx:,} ({self.fill_tokens / self.n_ctx:.0%})"
         self.query_one("#panel-context", Static).update(
-            f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\n"
-            f"speculation {self.speculation}")
+            f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\nspeculation {self.speculation}"
+        )
 
     def refresh_memory(self) -> None:
         rss, gpu = self.memory_probe()

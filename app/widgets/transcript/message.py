@@ -27,9 +27,17 @@ class MessageView(Vertical, can_focus=True):
 
     BINDINGS = keymap.bindings("message")
 
-    def __init__(self, role: str, text: str = "", *, reasoning: str = "",
-                 status: str = "complete", message_id: int | None = None,
-                 streaming: bool = False, show_thinking: bool = True) -> None:
+    def __init__(
+        self,
+        role: str,
+        text: str = "",
+        *,
+        reasoning: str = "",
+        status: str = "complete",
+        message_id: int | None = None,
+        streaming: bool = False,
+        show_thinking: bool = True,
+    ) -> None:
         super().__init__(classes=f"message -{role}")
         self.role = role
         self.text = text  # the answer (a user message: its text)
@@ -47,8 +55,7 @@ class MessageView(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="message-header")
         with Collapsible(title="reasoning", collapsed=True, classes="thinking"):
-            yield Markdown(self.reasoning if not self.streaming else "",
-                           classes="thinking-body")
+            yield Markdown(self.reasoning if not self.streaming else "", classes="thinking-body")
         yield Markdown(self.text if not self.streaming else "", classes="answer")
 
     def on_mount(self) -> None:
@@ -75,8 +82,7 @@ class MessageView(Vertical, can_focus=True):
         if reasoning:
             if self._thinking_stream is None:
                 self._sync_thinking_visibility(reasoning)
-                self._thinking_stream = Markdown.get_stream(
-                    self.query_one(".thinking-body", Markdown))
+                self._thinking_stream = Markdown.get_stream(self.query_one(".thinking-body", Markdown))
             await self._write(self._thinking_stream, "_shown_thinking", reasoning)
         if text:
             if self._stream is None:
@@ -86,11 +92,12 @@ class MessageView(Vertical, can_focus=True):
     async def _write(self, stream: MarkdownStream, attr: str, new: str) -> None:
         shown = getattr(self, attr)
         if new.startswith(shown):
-            await stream.write(new[len(shown):])
+            await stream.write(new[len(shown) :])
         setattr(self, attr, new)  # a non-append change is fixed by `finish`'s update
 
-    async def finish(self, text: str, status: str, message_id: int | None = None,
-                     reasoning: str = "") -> None:
+    async def finish(
+        self, text: str, status: str, message_id: int | None = None, reasoning: str = ""
+    ) -> None:
         """The reply ended (complete, interrupted or failed): one final full render."""
         for stream in (self._thinking_stream, self._stream):
             if stream is not None:

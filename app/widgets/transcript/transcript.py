@@ -29,9 +29,18 @@ class Transcript(VerticalScroll, can_focus=False):
 
     async def show_messages(self, messages: Sequence[Message]) -> None:
         await self.remove_children(MessageView)
-        views = [MessageView(m.role, m.content, reasoning=m.reasoning, status=m.status,
-                             message_id=m.id, show_thinking=self.show_thinking)
-                 for m in messages if m.role != "system"]
+        views = [
+            MessageView(
+                m.role,
+                m.content,
+                reasoning=m.reasoning,
+                status=m.status,
+                message_id=m.id,
+                show_thinking=self.show_thinking,
+            )
+            for m in messages
+            if m.role != "system"
+        ]
         self.query_one("#transcript-empty").display = not views
         if views:
             await self.mount_all(views)
