@@ -17,9 +17,9 @@ from textual.app import App, SystemCommand
 from textual.screen import Screen
 from textual.signal import Signal
 
-from velo_chat.engine import locations
-from velo_chat.engine.profile_schema import SECTIONS, Profile
-from velo_chat.engine.profiles import ProfileError, set_active_profile
+from velo_chat.engine.config import locations
+from velo_chat.engine.config.profile_schema import SECTIONS, Profile
+from velo_chat.engine.config.profiles import ProfileError, set_active_profile
 from velo_chat.store import SessionStore
 
 from . import keymap

@@ -12,8 +12,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from velo_chat.engine import llama_log, locations
-from velo_chat.engine.profiles import ProfileError
+from velo_chat.engine import llama_log
+from velo_chat.engine.config import locations
+from velo_chat.engine.config.profiles import ProfileError
 
 from .errors import USER_ERRORS, UserError
 

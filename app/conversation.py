@@ -22,7 +22,7 @@ from typing import Any
 
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
-from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.store import Message, Session, SessionStore, StoreError
 
 from .errors import UserError

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from velo_chat.engine.engine import Engine
-from velo_chat.engine.profile_schema import Profile
+from velo_chat.engine.config.profile_schema import Profile
 
 log = logging.getLogger(__name__)
 

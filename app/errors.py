@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from velo_chat.engine.chat_template import ChatTemplateError
-from velo_chat.engine.default_model import DefaultModelMissing
+from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.engine.engine import PromptTooLong
 from velo_chat.engine.gguf_file import GGUFError
 from velo_chat.engine.llama_context import ContextCreateError
 from velo_chat.engine.llama_model import ModelLoadError
-from velo_chat.engine.profiles import ProfileError
+from velo_chat.engine.config.profiles import ProfileError
 from velo_chat.store import StoreError
 from velo_chat.store.input_text import BinaryInput
 

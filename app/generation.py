@@ -26,7 +26,7 @@ from velo_chat.engine.events import (
     TurnFailed,
     TurnStarted,
 )
-from velo_chat.engine.profile_schema import Profile, ReasoningSettings
+from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
 from velo_chat.store import Session, SessionStore
 
 from velo_chat.engine.llama_context import usable_cores

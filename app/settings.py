@@ -1,6 +1,6 @@
 """App-level settings (not profile settings): the `keymap` table in settings.toml.
 
-settings.toml is shared with `engine/profiles.py`, which owns its `active_profile` line; this
+settings.toml is shared with `engine/config/profiles.py`, which owns its `active_profile` line; this
 module only reads the `[keymap]` table (binding id -> keys, e.g. `"session.new" = "ctrl+g"`).
 An unknown id or a non-string value is reported, not fatal: a typo must not stop the app.
 """
@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from velo_chat.engine.profiles import settings_path
+from velo_chat.engine.config.profiles import settings_path
 
 from .keymap import BY_ID
 

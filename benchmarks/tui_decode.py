@@ -78,9 +78,9 @@ async def main(args: argparse.Namespace) -> dict:
     from velo_chat.app.app import make_app
     from velo_chat.app.screens.chat import ChatScreen
     from velo_chat.app.settings import AppSettings
-    from velo_chat.engine import default_model
+    from velo_chat.engine.setup import default_model
     from velo_chat.engine.engine import Engine
-    from velo_chat.engine.profiles import build_profile
+    from velo_chat.engine.config.profiles import build_profile
     from velo_chat.store import SessionStore
 
     model = default_model.require_default_model()

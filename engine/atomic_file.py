@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from .locations import PRIVATE_FILE_MODE
+from .config.locations import PRIVATE_FILE_MODE
 
 
 def atomic_write(target: Path, write: Callable[[BinaryIO], None], *, sync_dir: bool = False) -> Path:

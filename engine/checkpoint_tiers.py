@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import checkpoint_file as cf
-from . import locations
+from .config import locations
 
 log = logging.getLogger(__name__)
 

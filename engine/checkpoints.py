@@ -25,7 +25,7 @@ import numpy as np
 from . import checkpoint_file as cf
 from .checkpoint_tiers import DiskEntry, DiskTier, RamEntry, RamTier
 from .llama_context import LlamaContext
-from .profile_schema import CheckpointSettings
+from .config.profile_schema import CheckpointSettings
 
 log = logging.getLogger(__name__)
 

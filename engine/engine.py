@@ -25,13 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from . import default_model, gguf_file, locations
+from .setup import default_model
+from . import gguf_file
+from .config import locations
 from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Candidate, Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
-from .profile_schema import Profile, ReasoningSettings, SamplingSettings
+from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .thinking import ThinkingSupport, requested
 from .turn_runner import TurnPlan, common_prefix, run_turn
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .llama_model import LlamaModel
-from .profile_schema import ContextSettings
+from .config.profile_schema import ContextSettings
 from .threads import (
     ThreadGovernor,
     ThreadPlan,

@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import locations
+from .config import locations
 
 logger = logging.getLogger("velo_chat.llama")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import gguf_file, llama_log
 from .chat_template import ChatTemplate, ChatTemplateError
-from .profile_schema import ModelSettings
+from .config.profile_schema import ModelSettings
 from .prompt_segments import Segment
 from .prompt_tokens import PromptTokenizer, scan_vocab
 

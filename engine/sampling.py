@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from .profile_schema import SamplingSettings
+from .config.profile_schema import SamplingSettings
 
 
 class Sampler:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .profile_schema import ContextSettings, Profile
+    from .config.profile_schema import ContextSettings, Profile
 
 log = logging.getLogger(__name__)
 

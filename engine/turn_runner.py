@@ -39,7 +39,7 @@ from .events import (
 )
 from .chat_template import ChatMessage
 from .llama_context import DecodeError
-from .profile_schema import SamplingSettings
+from .config.profile_schema import SamplingSettings
 from .sampling import Sampler
 from .save_points import stable_prefix
 from .thinking import ReasoningSplitter, ThinkingSupport

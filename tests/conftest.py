@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import default_model
+from velo_chat.engine.setup import default_model
 from velo_chat.engine.engine import Engine
 
 from tests.support.engine_helpers import test_profile

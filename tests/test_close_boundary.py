@@ -17,7 +17,7 @@ import pytest
 from velo_chat.engine import checkpoint_file as cf
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
-from velo_chat.engine.profile_schema import SamplingSettings
+from velo_chat.engine.config.profile_schema import SamplingSettings
 from velo_chat.engine.turn_runner import TurnPlan, close_boundary, follow_up_prefix
 
 from tests.support.engine_helpers import test_profile

@@ -192,7 +192,7 @@ def test_max_tokens_and_sampling_options(smol_engine):
     smol_engine.reset()
     done = done_of(collect(smol_engine.turn(QUESTION, max_tokens=3)))
     assert done.stats.decode_tokens == 3 and done.stats.finish_reason == "length"
-    from velo_chat.engine.profile_schema import SamplingSettings
+    from velo_chat.engine.config.profile_schema import SamplingSettings
 
     hot = SamplingSettings(
         temperature=0.9, top_p=0.9, top_k=40, min_p=0.05, seed=7, repeat_penalty=1.1, max_tokens=24

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import locations
+from velo_chat.engine.config import locations
 from velo_chat.store import FORMAT, FORMAT_VERSION, InvalidImport, SessionStore
 from velo_chat.store.input_text import BinaryInput, clean_text, decode_text, replace_surrogates
 

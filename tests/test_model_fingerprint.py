@@ -14,7 +14,7 @@ import pytest
 
 from velo_chat.engine import gguf_file
 from velo_chat.engine.llama_model import LlamaModel
-from velo_chat.engine.profile_schema import ModelSettings
+from velo_chat.engine.config.profile_schema import ModelSettings
 
 from tests.support.gguf_split import copy_with_other_data, split_gguf
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import llama_log, locations
+from velo_chat.engine import llama_log
+from velo_chat.engine.config import locations
 from velo_chat.engine.atomic_file import atomic_write_text
-from velo_chat.engine.profiles import save_user_profile, set_active_profile
+from velo_chat.engine.config.profiles import save_user_profile, set_active_profile
 from velo_chat.store import SessionStore
 
 from tests.support.engine_helpers import run_cli, test_profile

@@ -16,7 +16,7 @@ from velo_chat.engine import threads
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import ModelLoaded, TokenDelta, TurnDone
-from velo_chat.engine.profiles import ProfileError, build_profile, profile_to_toml
+from velo_chat.engine.config.profiles import ProfileError, build_profile, profile_to_toml
 from velo_chat.engine.threads import CpuLoad, LoadSample, ThreadGovernor, plan_threads
 
 from tests.support.engine_helpers import run_cli, test_profile

@@ -15,7 +15,7 @@ from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.sessions.sidebar import SessionList
 from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine.gguf_file import GGUFError
-from velo_chat.engine.profiles import active_profile_name
+from velo_chat.engine.config.profiles import active_profile_name
 
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app

@@ -18,10 +18,10 @@ from velo_chat.app.screens.settings import SettingsScreen
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.sessions.sidebar import SessionList
 from velo_chat.app.widgets.transcript.transcript import Transcript
-from velo_chat.engine import locations
+from velo_chat.engine.config import locations
 from velo_chat.engine.gguf_file import GGUFError
 from velo_chat.engine.llama_model import ModelLoadError
-from velo_chat.engine.profiles import active_profile_name, load_profile
+from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
 
 from tests.support.fake_engine import FakeScript

@@ -10,7 +10,7 @@ import pytest
 from textual.widgets import Collapsible, Static
 
 from velo_chat.app.widgets.transcript.transcript import Transcript
-from velo_chat.engine.profiles import build_profile
+from velo_chat.engine.config.profiles import build_profile
 from velo_chat.engine.thinking import ThinkingSupport
 
 from tests.support.fake_engine import FakeScript

@@ -11,7 +11,7 @@ from velo_chat.app.screens.help import help_text
 from velo_chat.app.settings import load_app_settings
 from velo_chat.app.widgets.telemetry.meter import DecodeMeter
 from velo_chat.app.widgets.transcript.text import code_blocks
-from velo_chat.engine.profiles import build_profile
+from velo_chat.engine.config.profiles import build_profile
 
 
 def test_meter_samples_windows_of_token_time():

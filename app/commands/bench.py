@@ -1,4 +1,4 @@
-"""`velo-chat bench`: run the measuring instrument (`engine/bench.py`) and print its numbers."""
+"""`velo-chat bench`: run the measuring instrument (`engine/bench/run.py`) and print its numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from velo_chat.engine.bench import format_table, run_bench
+from velo_chat.engine.bench.run import format_table, run_bench
 
 from ..errors import UserError
 from .common import load_engine, resolve_profile

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from velo_chat.engine import locations
+from velo_chat.engine.config import locations
 from velo_chat.engine.engine import Engine
-from velo_chat.engine.profile_schema import Profile
-from velo_chat.engine.profiles import active_profile_name, load_profile
+from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import CleanText
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from velo_chat.engine import default_model, locations
-from velo_chat.engine.profile_schema import Profile
-from velo_chat.engine.profiles import profile_to_toml, settings_path
+from velo_chat.engine.setup import default_model
+from velo_chat.engine.config import locations
+from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.config.profiles import profile_to_toml, settings_path
 from velo_chat.engine.threads import preview_plan
 
 from .common import resolve_profile

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from velo_chat.engine import default_model
+from velo_chat.engine.setup import default_model
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from velo_chat.engine import locations
+from velo_chat.engine.config import locations
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import decode_text
 

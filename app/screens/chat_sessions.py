@@ -11,9 +11,9 @@ import logging
 import re
 from collections.abc import Iterator
 
-from velo_chat.engine import locations
+from velo_chat.engine.config import locations
 from velo_chat.engine.atomic_file import atomic_write_text
-from velo_chat.engine.profiles import ProfileError, list_profiles, load_profile
+from velo_chat.engine.config.profiles import ProfileError, list_profiles, load_profile
 from velo_chat.store import Session, StoreError
 
 from ..dialogs.choice import ChoiceDialog

@@ -12,8 +12,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from velo_chat.engine.profile_schema import Profile
-from velo_chat.engine.profiles import (
+from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.config.profiles import (
     NAME_RE,
     ProfileError,
     list_profiles,
@@ -155,7 +155,7 @@ class SettingsScreen(Screen[None]):
         def done(name: str | None) -> None:
             if not name:
                 return
-            from velo_chat.engine.profiles import build_profile
+            from velo_chat.engine.config.profiles import build_profile
 
             data, _ = self.form.collect()
             try:

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from velo_chat.engine.profile_schema import Profile
-from velo_chat.engine.profiles import build_profile
+from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.config.profiles import build_profile
 
 
 def test_profile(model_path: Path, **sections: dict) -> Profile:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from velo_chat.app.app import VeloChatApp, make_app
 from velo_chat.app.settings import AppSettings
-from velo_chat.engine.profile_schema import Profile
-from velo_chat.engine.profiles import build_profile
+from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.config.profiles import build_profile
 from velo_chat.store import SessionStore
 
 from .fake_engine import FakeFactory, FakeScript

@@ -5,66 +5,29 @@ prefill tok/s at several prompt sizes, decode tok/s over a fixed number of greed
 and the engine's own overhead: wall time of the decode phase over llama.cpp's `t_eval_ms` for
 the same tokens (1.00 would be a Python loop that costs nothing). The threads it ran with, and
 how busy the other processes kept the CPUs meanwhile, are part of the result; the threads and
-load sections (`bench_load.py`) decode again with fixed thread counts and beside busy processes.
+load sections (`engine/bench/load.py`) decode again with fixed thread counts and beside busy processes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import platform
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .bench_load import (
-    busy_processes,
-    format_load_lines,
-    load_section,
-    measure_load,
-    threads_section,
-)
-from . import bench_session
-from .bench_resume import run_resume_bench
-from .chat_template import ChatMessage
-from .engine import Engine
+from .result import BenchResult, conversation_of
+from .load import busy_processes, format_load_lines, load_section, measure_load, threads_section
+from . import session as bench_session
+from .resume import run_resume_bench
+from ..chat_template import ChatMessage
+from ..engine import Engine
 
 log = logging.getLogger(__name__)
 
-FILLER = (
-    "The quick brown fox jumps over the lazy dog while a careful engineer reviews the diff, "
-    "runs the tests again and writes down every number with the command that produced it. "
-)
 DEFAULT_PREFILL_SIZES = (512, 2048, 8192)
-
-
-@dataclass
-class BenchResult:
-    model: str
-    architecture: str
-    profile: str
-    n_ctx: int
-    n_threads: int
-    hybrid: bool
-    machine: str
-    threads: dict[str, Any] = field(default_factory=dict)  # the thread plan (threads.py)
-    prefill: list[dict[str, Any]] = field(default_factory=list)
-    decode: dict[str, Any] = field(default_factory=dict)
-    sections: dict[str, Any] = field(default_factory=dict)  # later sections (e.g. resume)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def conversation_of(engine: Engine, n_tokens: int) -> list[ChatMessage]:
-    """A one-message conversation whose rendered prompt is about `n_tokens` tokens."""
-    base = len(engine.tokens_for([ChatMessage("user", "")]))
-    per_filler = (len(engine.tokens_for([ChatMessage("user", FILLER * 64)])) - base) / 64
-    reps = max(0, round((n_tokens - base) / max(per_filler, 1.0)))
-    return [ChatMessage("user", FILLER * reps)]
 
 
 def decode_section(
@@ -118,7 +81,7 @@ def run_bench(
     """Run every section. `thread_counts`: decode again with each fixed count (the threads
     section); `load`: decode again beside that many busy processes (the load section, with the
     fixed counts too; `load_same_session` starts them as this process's children, see
-    `bench_load.py`). With `resume_tokens`, the resume section runs last and closes the engine
+    `engine/bench/load.py`). With `resume_tokens`, the resume section runs last and closes the engine
     (its fresh-process probe must not share the machine with a second copy)."""
     note = on_progress or (lambda _s: None)
     model, ctx = engine.model, engine.ctx

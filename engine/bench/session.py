@@ -2,7 +2,7 @@
 model's own chat template, and the TTFT of its last follow-up cold and restored from disk in a
 fresh process.
 
-The one-follow-up case (`bench_resume.py`) resumes from the boundary the first turn closed. This
+The one-follow-up case (`engine/bench/resume.py`) resumes from the boundary the first turn closed. This
 one runs two replies first, as a session does, so it measures what a user sees on the third turn
 and shows whether the template lets the conversation be reused at all: thinking templates
 (Qwen3.5, QwQ, DeepSeek-R1, GLM) rewrite a reply once the conversation moves on, and before the
@@ -12,7 +12,7 @@ is the share of the tokens before the new question that the fresh process did no
 It runs in two parts around the one-follow-up case, so a big model is loaded once and never
 twice at a time: `prepare` runs the turns with the benchmark's engine and keeps the checkpoint
 files the first two turns wrote; `probe` (after the engine is closed) runs the third turn in a
-fresh process (`resume_probe.py`) on those files only.
+fresh process (`engine/bench/resume_probe.py`) on those files only.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .chat_template import ChatMessage
-from .engine import Engine
-from .profiles import profile_to_toml
+from ..chat_template import ChatMessage
+from ..engine import Engine
+from ..config.profiles import profile_to_toml
 
 FOLLOW_UPS = (
     "Which of those points matters most, and why?",
@@ -48,8 +48,8 @@ class SessionBench:
 
 def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 64) -> SessionBench:
     """Run turns 1 and 2 (checkpoints on), then turn 3 warm and cold, with `engine`."""
-    from .bench import conversation_of
-    from .turn_runner import follow_up_prefix
+    from .result import conversation_of
+    from ..turn_runner import follow_up_prefix
 
     assert engine.ctx is not None
     room = engine.ctx.n_ctx - 3 * reply_tokens - 128
@@ -94,7 +94,13 @@ def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 6
 def probe(session: SessionBench) -> dict[str, Any]:
     """Turn 3 in a fresh process on the files of turns 1 and 2 (the engine must be closed)."""
     run = subprocess.run(
-        [sys.executable, "-m", "velo_chat.engine.resume_probe", str(session.files), session.model_path],
+        [
+            sys.executable,
+            "-m",
+            "velo_chat.engine.bench.resume_probe",
+            str(session.files),
+            session.model_path,
+        ],
         input=json.dumps(
             {
                 "profile_toml": session.profile_toml,

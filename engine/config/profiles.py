@@ -1,4 +1,4 @@
-"""Loading, validating and saving profiles (the schema lives in `profile_schema.py`).
+"""Loading, validating and saving profiles (the schema lives in `engine/config/profile_schema.py`).
 
 Profiles ship in `velo_chat/assets/profiles/*.toml`; user profiles live in the config dir's
 `profiles/`. A user file with the same name as a shipped one *overlays* it: only the keys it sets
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import locations
-from .atomic_file import atomic_write_text
+from ..atomic_file import atomic_write_text
 from .profile_schema import SECTIONS, Profile, value_type
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
-from . import locations
-from .atomic_file import atomic_write, atomic_write_text
+from ..config import locations
+from ..atomic_file import atomic_write, atomic_write_text
 
 log = logging.getLogger(__name__)
 

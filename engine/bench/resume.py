@@ -2,7 +2,7 @@
 
 For a conversation of about `tokens` tokens it measures the TTFT of the same follow-up turn:
 cold (no reuse), warm (the live context of the process that ran the previous turn) and restored
-from disk in a fresh process (`python -m velo_chat.engine.resume_probe`: a new model load, an
+from disk in a fresh process (`python -m velo_chat.engine.bench.resume_probe`: a new model load, an
 empty RAM tier, only the checkpoint files the first process wrote). It also compares the bytes of
 the boundary checkpoint on disk with the size of the state it holds.
 
@@ -21,17 +21,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint_file as cf
-from .chat_template import ChatMessage
-from .engine import Engine
-from .profiles import profile_to_toml
+from .. import checkpoint_file as cf
+from ..chat_template import ChatMessage
+from ..engine import Engine
+from ..config.profiles import profile_to_toml
 
 FOLLOW_UP = "Summarize all of that in one sentence."
 
 
 def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> dict[str, Any]:
     """Measure, then close `engine` (the fresh-process probe needs the memory)."""
-    from .bench import conversation_of
+    from .result import conversation_of
 
     assert engine.ctx is not None
     first = conversation_of(engine, min(tokens, engine.ctx.n_ctx - reply_tokens - 64))
@@ -58,7 +58,7 @@ def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> 
         model_path = str(engine.model_path)
         engine.close()
         probe = subprocess.run(
-            [sys.executable, "-m", "velo_chat.engine.resume_probe", str(probe_root), model_path],
+            [sys.executable, "-m", "velo_chat.engine.bench.resume_probe", str(probe_root), model_path],
             input=json.dumps(
                 {
                     "profile_toml": profile_to_toml(profile),

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .threads import CpuLoad
+from ..threads import CpuLoad
 
 if TYPE_CHECKING:
-    from .bench import BenchResult
-    from .engine import Engine
+    from .result import BenchResult
+    from ..engine import Engine
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import sys
 import tomllib
 from pathlib import Path
 
-from .chat_template import ChatMessage
-from .engine import Engine
-from .events import TurnDone
-from .profiles import build_profile
+from ..chat_template import ChatMessage
+from ..engine import Engine
+from ..events import TurnDone
+from ..config.profiles import build_profile
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,1 @@
+"""Configuration: where files live, the profile schema, profile files and `settings.toml`."""

@@ -1,0 +1,1 @@
+"""Setup: getting a model onto the machine (the default model's download)."""
