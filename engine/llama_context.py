@@ -71,7 +71,7 @@ class LlamaContext:
         gpu = is_gpu_resident(
             n_gpu_layers, int(ll.llama_model_n_layer(model.model)), bool(ll.llama_supports_gpu_offload())
         )
-        plan = plan_for(settings, gpu)
+        plan = plan_for(settings, gpu, model.gpu_wait)
         self.thread_plan: ThreadPlan = plan
         self.n_threads = plan.decode  # as planned; fewer while the machine is busy
         self.n_threads_batch = plan.batch

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import gguf_file, llama_log
+from . import gguf_file, gpu_wait, llama_log
 from .chat_template import ChatTemplate, ChatTemplateError
 from .config.profile_schema import ModelSettings
 from .prompt_segments import Segment
@@ -49,6 +49,8 @@ class LlamaModel:
         # Before llama.cpp sees it: a missing shard of a split model is a clear error here.
         self.fingerprint = gguf_file.model_fingerprint(self.header)
         llama_log.install()
+        # Before the model's CUDA context does any work: how the CPU waits for the GPU.
+        self.gpu_wait = gpu_wait.apply(settings.gpu_wait, uses_gpu=settings.n_gpu_layers != 0)
 
         params = ll.llama_model_default_params()
         params.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 2**30

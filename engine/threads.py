@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .gpu_wait import GpuWait
+from .gpu_wait import preview as preview_gpu_wait
+
 if TYPE_CHECKING:
     from .config.profile_schema import ContextSettings, Profile
 
@@ -72,6 +75,7 @@ class ThreadPlan:
     adapt: bool  # fewer threads while other processes keep the cores busy
     pool: bool  # persistent ggml thread pools (else llama.cpp's pool per step)
     poll: int  # their polling level, 0..100
+    gpu_wait: GpuWait | None = None  # how the CPU waits for the GPU (gpu_wait.py)
 
     @property
     def reason(self) -> str:
@@ -85,9 +89,10 @@ class ThreadPlan:
             return f"{n} ({setting})" if setting == "auto" else str(n)
 
         busy = "; fewer while the machine is busy" if self.adapt else ""
+        wait = self.gpu_wait.describe() if self.gpu_wait is not None else ""
         return (
             f"decode {one(self.decode, self.decode_setting)}, prefill "
-            f"{one(self.batch, self.batch_setting)}: {self.reason}{busy}"
+            f"{one(self.batch, self.batch_setting)}: {self.reason}{busy}" + (f"; {wait}" if wait else "")
         )
 
 
@@ -99,6 +104,7 @@ def plan_threads(
     adapt: bool = True,
     pool: bool = True,
     poll: int = 0,
+    gpu_wait: GpuWait | None = None,
 ) -> ThreadPlan:
     cores = usable_cores()
     decode_auto = GPU_DECODE_THREADS if gpu_resident else cores
@@ -112,6 +118,7 @@ def plan_threads(
         adapt=adapt,
         pool=pool,
         poll=poll,
+        gpu_wait=gpu_wait,
     )
 
 
@@ -149,11 +156,12 @@ def preview_plan(profile: Profile, model_path: Path | None) -> tuple[ThreadPlan,
                 note = f"layer count unknown ({exc}); assumed not all on the GPU"
         else:
             gpu = True
-    return plan_for(ctx, gpu), note
+    wait = preview_gpu_wait(profile.model.gpu_wait, uses_gpu=n_gpu != 0)
+    return plan_for(ctx, gpu, wait), note
 
 
-def plan_for(ctx: ContextSettings, gpu_resident: bool) -> ThreadPlan:
-    """The plan for a profile's context section."""
+def plan_for(ctx: ContextSettings, gpu_resident: bool, gpu_wait: GpuWait | None = None) -> ThreadPlan:
+    """The plan for a profile's context section (and the model's `gpu_wait`, as resolved)."""
     return plan_threads(
         ctx.n_threads,
         ctx.n_threads_batch,
@@ -161,6 +169,7 @@ def plan_for(ctx: ContextSettings, gpu_resident: bool) -> ThreadPlan:
         adapt=ctx.adapt_threads,
         pool=ctx.thread_pool,
         poll=ctx.thread_poll,
+        gpu_wait=gpu_wait,
     )
 
 

@@ -77,9 +77,10 @@ def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0)
 @contextlib.contextmanager
 def measure_load() -> Iterator[dict[str, Any]]:
     """Fills the yielded dict on exit: `other_cores`, the cores' worth of CPU time that other
-    processes used during the block (None where /proc/stat cannot be read)."""
+    processes used during the block, and `own_cores`, what this process used (None where
+    /proc/stat cannot be read)."""
     probe = CpuLoad()
-    out: dict[str, Any] = {"other_cores": None}
+    out: dict[str, Any] = {"other_cores": None, "own_cores": None}
     first = probe.sample()
     try:
         yield out
@@ -88,6 +89,7 @@ def measure_load() -> Iterator[dict[str, Any]]:
         if first is not None and last is not None and last.t > first.t:
             used = (last.busy - first.busy) - (last.own - first.own)
             out["other_cores"] = round(max(0.0, used) / (last.t - first.t), 2)
+            out["own_cores"] = round((last.own - first.own) / (last.t - first.t), 2)
 
 
 def _row(n: int, d: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +98,7 @@ def _row(n: int, d: dict[str, Any]) -> dict[str, Any]:
         "tok_s": d["tok_s"],
         "tok_s_runs": d["tok_s_runs"],
         "other_cores": d["other_cores"],
+        "own_cores": d.get("own_cores"),
     }
 
 

@@ -62,6 +62,7 @@ def decode_section(
         "repeats": repeats,
         "threads_after": list(engine.ctx.threads_now),  # (decode, prefill) at the end
         "other_cores": load.get("other_cores"),  # CPU the rest of the machine used meanwhile
+        "own_cores": load.get("own_cores"),  # CPU this process used (a spinning GPU wait: ~1)
     }
 
 
@@ -105,6 +106,7 @@ def run_bench(
             "adapt": plan.adapt,
             "pool": plan.pool,
             "poll": plan.poll,
+            "gpu_wait": plan.gpu_wait.as_dict() if plan.gpu_wait else None,
             "plan": plan.describe(),
         },
     )

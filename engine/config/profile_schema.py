@@ -67,6 +67,17 @@ class ModelSettings:
         choices=("off", "auto", "on"),
         reload="model",
     )
+    gpu_wait: str = setting(
+        "auto",
+        "How the CPU thread waits for the GPU to finish a step, when layers are on a CUDA GPU "
+        '(CUDA\'s device scheduling flag): "spin" polls (what CUDA does by default; beside busy '
+        "processes the polling thread is time-sliced against them while the GPU waits for it), "
+        '"yield" polls but yields the core between polls, "block" sleeps until the GPU is done. '
+        '"auto": CUDA\'s default for now (not yet measured against "block" on a GPU). Applies '
+        "to the whole process; ignored without CUDA (docs/threads.md).",
+        choices=("auto", "spin", "yield", "block"),
+        reload="model",
+    )
 
 
 @dataclass(frozen=True)
