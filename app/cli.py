@@ -14,9 +14,8 @@ from collections.abc import Sequence
 
 from velo_chat.engine import llama_log
 from velo_chat.engine.config import locations
-from velo_chat.engine.config.profiles import ProfileError
 
-from .errors import USER_ERRORS, UserError
+from .errors import USER_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging()
     try:
         return dispatch(args)
-    except (UserError, ProfileError, *USER_ERRORS) as exc:
+    except USER_ERRORS as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"velo-chat: error: {message}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ SCOPE_TITLES = {
 }
 
 
-def bindings(scope: str) -> list[Binding]:
+def bindings(scope: str) -> list[BindingType]:
     """The Textual bindings of one scope, with ids so a keymap can rebind them."""
     return [
         Binding(a.key, a.action, a.description, show=a.show, priority=a.priority, id=a.id)

@@ -19,7 +19,7 @@ from typing import BinaryIO
 from .config.locations import PRIVATE_FILE_MODE
 
 
-def atomic_write(target: Path, write: Callable[[BinaryIO], None], *, sync_dir: bool = False) -> Path:
+def atomic_write(target: Path, write: Callable[[BinaryIO], object], *, sync_dir: bool = False) -> Path:
     """Call `write(fh)` on a temp file beside `target`, then put it in place atomically.
 
     If `write` raises, the temp file is removed and `target` is left as it was. The temp name

@@ -193,8 +193,8 @@ class Checkpoints:
                 self.ram.drop(key)
                 if self.held_bytes() + incoming <= budget:
                     return
-        assert self.disk is not None or not pending
         for p in pending:
+            assert self.disk is not None  # pending writes come from the disk tier
             if p.started or not self.disk.drop_waiting(p.name):
                 continue
             self.ram.drop(p.name)

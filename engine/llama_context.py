@@ -233,6 +233,7 @@ class LlamaContext:
         False if llama.cpp rejects it (the sequence is then left empty)."""
         self.clear()
         n = len(data)
+        ptr: ctypes._Pointer[ctypes.c_uint8] | ctypes.Array[ctypes.c_uint8]
         if isinstance(data, bytes):
             ptr = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
         elif isinstance(data, np.ndarray):

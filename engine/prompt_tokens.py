@@ -65,7 +65,7 @@ def scan_vocab(ll, vocab, n_vocab: int) -> SpecialTokens:
         )
     }
     texts: dict[int, str] = {}
-    breakable: list[str] = []
+    breakable: list[int] = []
     eats_left, eats_right = set(), set()
     for tid in range(n_vocab):
         attr = int(ll.llama_vocab_get_attr(vocab, tid))
@@ -158,9 +158,9 @@ class PromptTokenizer:
                 continue
             before = self._neighbour(segments, k - 1, edge="tail")
             after = self._neighbour(segments, k + 1, edge="head")
-            tail = before.tail if before else ""
+            tail = (before.tail or "") if before else ""
             tail_n = before.tail_n if before else 0
-            rest = seg.text + (after.head if after else "")
+            rest = seg.text + ((after.head or "") if after else "")
             if after and after.eats_left:
                 rest = rest.rstrip()
             run = tail + rest

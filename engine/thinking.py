@@ -136,6 +136,7 @@ def _levels(ast: nodes.Template, variable: str) -> tuple[str, ...]:
             if isinstance(node.target, nodes.Name) and node.target.name == variable:
                 found += _strings(node.node)
             continue
+        assert isinstance(node, nodes.Compare)
         operands = [node.expr, *(op.expr for op in node.ops)]
         if any(_name_of(x) == variable for x in operands):
             found += [s for x in operands for s in _strings(x)]

@@ -349,7 +349,7 @@ class Threadpools:
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll
-        self.ctx = ctx
+        self.ctx: ctypes.c_void_p | None = ctx
         lib = _ggml_cpu()
         if lib is None:
             raise OSError("libggml-cpu not found next to libllama")

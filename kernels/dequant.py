@@ -101,8 +101,8 @@ def dequantize_rows(raw: np.ndarray, ggml_type: int | str, row_dim: int) -> np.n
     nb = row_dim // 32
     if t == GGML_TYPE_Q8_0:
         blocks = raw.reshape(n, nb, 34)
-        qs = blocks[..., 2:].view(np.int8).astype(np.float32)
-        return (qs * _f16_scales(blocks)).reshape(n, row_dim)
+        q8 = blocks[..., 2:].view(np.int8).astype(np.float32)
+        return (q8 * _f16_scales(blocks)).reshape(n, row_dim)
     # IQ4_NL
     blocks = raw.reshape(n, nb, 18)
     qs = blocks[..., 2:]

@@ -183,6 +183,7 @@ class PleTable:
         return "staged", f"registration refused: {refusal}"
 
     def _enable(self, mode: Mode) -> int:
+        assert self._mm is not None  # mapped in __init__, before any mode is enabled
         if mode == "pageable":
             self._mm.madvise(mmap.MADV_RANDOM)
             return self.host_ptr
@@ -226,15 +227,20 @@ class PleTable:
             self.mode == "registered" and self.stage_above_rows is not None and n_out > self.stage_above_rows
         )
 
-    def _grow(self, n_rows_out: int, staged: bool) -> None:
+    def _grow(self, n_rows_out: int, staged: bool) -> np.ndarray:
+        """The pinned buffer a gather of `n_rows_out` rows uses, grown to fit: the raw rows when
+        `staged` (with their device copy in `_raw_dev`), the row ids otherwise."""
         import cupy
         import cupyx
 
-        if staged and (self._raw_pinned is None or self._raw_pinned.shape[0] < n_rows_out):
-            self._raw_pinned = cupyx.empty_pinned((n_rows_out, self.row_bytes), dtype=np.uint8)
-            self._raw_dev = cupy.empty((n_rows_out, self.row_bytes), dtype=np.uint8)
-        if not staged and (self._idx_pinned is None or self._idx_pinned.size < n_rows_out):
+        if staged:
+            if self._raw_pinned is None or self._raw_pinned.shape[0] < n_rows_out:
+                self._raw_pinned = cupyx.empty_pinned((n_rows_out, self.row_bytes), dtype=np.uint8)
+                self._raw_dev = cupy.empty((n_rows_out, self.row_bytes), dtype=np.uint8)
+            return self._raw_pinned
+        if self._idx_pinned is None or self._idx_pinned.size < n_rows_out:
             self._idx_pinned = cupyx.empty_pinned(max(n_rows_out, 64), dtype=np.int32)
+        return self._idx_pinned
 
     def gather(self, rows: Any, out: Any, *, stream: Any = None) -> None:
         """Gather + dequantize `rows` [n_tokens, n_heads] into float32 `out` [n_tokens, n_heads*row_dim].
@@ -267,23 +273,23 @@ class PleTable:
             idx = check_rows(rows, self.n_rows).reshape(-1)
             self._staging_done.synchronize()  # the previous reads of the pinned buffers are done
             staged = self._stages(n_out)
-            self._grow(n_out, staged)
+            pinned = self._grow(n_out, staged)
             if staged:
-                np.take(self._host, idx, axis=0, out=self._raw_pinned[:n_out])
+                np.take(self._host, idx, axis=0, out=pinned[:n_out])
                 cupy.cuda.runtime.memcpyAsync(
-                    self._raw_dev.data.ptr, self._raw_pinned.ctypes.data, n_out * self.row_bytes, 1, strm.ptr
+                    self._raw_dev.data.ptr, pinned.ctypes.data, n_out * self.row_bytes, 1, strm.ptr
                 )
                 GatherLaunch(
                     self._raw_dev.data.ptr, n_out, self.ggml_type, self.row_dim, None, n_out, out, self._err
                 )(strm)
             else:
-                self._idx_pinned[:n_out] = idx  # pinned host memory is device-readable (UVA)
+                pinned[:n_out] = idx  # pinned host memory is device-readable (UVA)
                 GatherLaunch(
                     self.device_ptr,
                     self.n_rows,
                     self.ggml_type,
                     self.row_dim,
-                    self._idx_pinned.ctypes.data,
+                    pinned.ctypes.data,
                     n_out,
                     out,
                     self._err,

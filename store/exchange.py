@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from .errors import InvalidImport
 from .input_text import BinaryInput, decode_text, replace_surrogates
@@ -192,7 +192,7 @@ def _kind(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -208,7 +208,7 @@ def _get(raw: Mapping[str, Any], key: str, kind: type, where: str, optional: boo
         return None
     if not isinstance(value, kind):
         raise InvalidImport(_PREFIX + f"{where}.{key} must be a {kind.__name__} (got {_kind(value)})")
-    return replace_surrogates(value) if kind is str else value  # a "\ud800" escape
+    return replace_surrogates(value) if isinstance(value, str) else value  # a "\ud800" escape
 
 
 def _count(raw: Mapping[str, Any], key: str, where: str) -> int | None:

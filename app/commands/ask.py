@@ -78,10 +78,12 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
         )
         if rewind:
+            assert session is not None  # rewinding needs --session (checked above)
             last = last_user_message(store.messages(session.id))
             if last is None:
                 raise UserError("the session has no user message to regenerate or edit")
             prompt = prompt if prompt is not None else last.content
+        assert prompt is not None  # read above, or the session's last question
         with load_engine(profile, args.model, quiet=args.json) as engine:
             started = start_turn(store, engine, session=session, profile=profile, text=prompt, rewind=rewind)
             session = started.session

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Any
 
 from velo_chat.engine.config import locations
 from velo_chat.engine.engine import Engine
@@ -39,7 +40,7 @@ def override_sampling(
     seed: int | None = None,
     max_tokens: int | None = None,
 ) -> Profile:
-    changes = {
+    changes: dict[str, Any] = {
         k: v
         for k, v in (("temperature", temperature), ("seed", seed), ("max_tokens", max_tokens))
         if v is not None

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from velo_chat.engine.config import locations
 from velo_chat.engine.atomic_file import atomic_write_text
@@ -26,12 +27,25 @@ from ..widgets.transcript.message import MessageView
 from ..widgets.transcript.text import code_blocks
 from ..widgets.transcript.transcript import Transcript
 
+if TYPE_CHECKING:
+    from .base import VeloScreen as _Screen
+else:
+    _Screen = object
+
 log = logging.getLogger(__name__)
 
 
-class SessionActions:
+class SessionActions(_Screen):
     """Mixed into `ChatScreen`; uses its `session`, `busy`, `app` and widgets. Handlers use
-    `on_<message>` names: Textual collects `@on` decorators only from the screen class itself."""
+    `on_<message>` names: Textual collects `@on` decorators only from the screen class itself.
+    (A plain class at run time; a screen for the type checker.)"""
+
+    if TYPE_CHECKING:  # what ChatScreen provides
+        session: Session | None
+        busy: bool
+
+        def request_preview(self) -> None: ...
+        def _update_header(self) -> None: ...
 
     _filter = ""
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from .. import keymap
+from .base import VeloScreen
 
 INTRO = (
     "[b]velo-chat keys[/b]\n"
@@ -28,7 +28,7 @@ def help_text(user_keymap: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-class HelpScreen(Screen[None]):
+class HelpScreen(VeloScreen):
     BINDINGS = [Binding("escape,q,f1", "app.pop_screen", "Back", id="help.close")]
 
     def __init__(self) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -26,9 +25,10 @@ from .. import keymap
 from ..dialogs.message import MessageDialog, error_dialog
 from ..dialogs.text_prompt import TextPrompt
 from ..widgets.settings.form import ProfileForm, diff_lines
+from .base import VeloScreen
 
 
-class SettingsScreen(Screen[None]):
+class SettingsScreen(VeloScreen):
     BINDINGS = keymap.bindings("settings")
     CSS_PATH = "../../assets/styles/settings.tcss"
 

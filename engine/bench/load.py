@@ -50,7 +50,7 @@ def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0)
     """`n` processes that keep one core each busy until the block ends, then are killed: in a
     session (and process group) of their own, or as this process's children."""
     procs: list[subprocess.Popen] = []
-    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
     try:
         if same_session:
             for _ in range(n):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 from pathlib import Path
 
 from velo_chat.engine.config.profile_schema import Profile
@@ -17,7 +18,7 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
     Fixed threads, no adaptation to the machine's load: CPU flash attention splits a long KV
     cache by the decode thread count, so greedy tokens compared across runs must be computed
     with the same count (docs/threads.md)."""
-    data = {
+    data: dict[str, dict[str, Any]] = {
         "model": {"path": str(model_path)},
         "context": {"n_ctx": 2048, "n_batch": 256, "n_ubatch": 64, "n_threads": 2, "adapt_threads": False},
         "sampling": {"temperature": 0.0, "max_tokens": 64},
@@ -32,7 +33,7 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
     return build_profile("test", data)
 
 
-test_profile.__test__ = False  # a helper, not a test
+test_profile.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
 def run_cli(

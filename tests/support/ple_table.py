@@ -102,8 +102,7 @@ def decode_index_rows(values: np.ndarray) -> np.ndarray:
 def _bf16_round(x: np.ndarray) -> np.ndarray:
     """uint16 bf16 bits of float32 x, round-to-nearest-even as ggml's fp32->bf16 (no NaNs here)."""
     bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return bits.astype(np.uint16)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def _bf16_to_f32(b: np.ndarray) -> np.ndarray:

@@ -115,7 +115,8 @@ class TinyQwen4expSpec:
 
 def _primes_below(n: int, count: int) -> list[int]:
     """The `count` largest primes < n: distinct per-head vocab sizes, like the real table's."""
-    out, k = [], n - 1
+    out: list[int] = []
+    k = n - 1
     while len(out) < count and k > 1:
         if all(k % p for p in range(2, int(k**0.5) + 1)):
             out.append(k)

@@ -108,7 +108,7 @@ class ProfileForm(VerticalScroll):
         """Show another profile's values (revert, or a different profile highlighted)."""
         self.profile = profile
         for key, value in profile_values(profile).items():
-            widget = self.query_one(f"#{field_id(key)}")
+            widget = self._field(key)
             if isinstance(widget, Switch):
                 widget.value = bool(value)
             elif isinstance(widget, Select):
@@ -117,12 +117,17 @@ class ProfileForm(VerticalScroll):
                 widget.value = str(value)
         self.validate()
 
+    def _field(self, key: str) -> Switch | Select[Any] | Input:
+        widget = self.query_one(f"#{field_id(key)}")
+        assert isinstance(widget, (Switch, Select, Input)), widget  # what `_row` made
+        return widget
+
     def collect(self) -> tuple[dict[str, Any], dict[str, str]]:
         data: dict[str, Any] = {}
         errors: dict[str, str] = {}
         for key, kind in self._kinds.items():
-            widget = self.query_one(f"#{field_id(key)}")
-            raw = widget.value
+            raw: Any = self._field(key).value  # bool (Switch), a choice (Select), str (Input)
+            value: Any
             try:
                 if key in self._auto and raw.strip() == "auto":
                     value = "auto"
