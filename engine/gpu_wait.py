@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CHOICES = ("auto", "spin", "yield", "block")
 FLAGS = {"spin": 0x01, "yield": 0x02, "block": 0x04}  # cudaDeviceSchedule{Spin,Yield,BlockingSync}
@@ -116,7 +119,7 @@ class CudaRuntime:
 
     def schedule(self, device: int) -> str:
         """The scheduling flag now in force on `device` ("auto" for CUDA's default)."""
-        flags = self._on(device, lambda: self._flags())
+        flags = self._on(device, self._flags)
         names = {v: k for k, v in FLAGS.items()}
         return names.get(flags & SCHEDULE_MASK, "auto")
 
@@ -135,7 +138,7 @@ class CudaRuntime:
         self._check(self.lib.cudaGetDeviceFlags(ctypes.byref(f)), "cudaGetDeviceFlags")
         return f.value
 
-    def _on(self, device, fn):  # type: ignore[no-untyped-def]
+    def _on(self, device: int, fn: Callable[[], T]) -> T:
         """Run `fn` with `device` current on this thread, then restore the current device."""
         prev = ctypes.c_int(0)
         self._check(self.lib.cudaGetDevice(ctypes.byref(prev)), "cudaGetDevice")
