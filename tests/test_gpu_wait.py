@@ -118,13 +118,14 @@ def test_a_set_mode_holds_for_the_process_and_auto_puts_back_what_cuda_had(monke
 
 
 def test_a_load_with_each_value_answers_and_says_what_was_set(qwen_path):
-    """On this build (CPU or CUDA) every value loads and decodes the same greedy tokens; where
-    nothing can be set (no CUDA, or no layer on the GPU) the threads line says nothing of it."""
+    """On this build (CPU or CUDA) every value loads with every layer asked on the GPU and
+    decodes the same greedy tokens; where nothing can be set (a build without CUDA) the threads
+    line says nothing of it."""
     outputs = []
     for value in gpu_wait.CHOICES:
-        engine = Engine(test_profile(qwen_path, model={"gpu_wait": value}))
+        engine = Engine(test_profile(qwen_path, model={"gpu_wait": value, "n_gpu_layers": -1}))
         loaded = engine.load()
-        if not on_cuda():
+        if gpu_wait.cuda_runtime() is None:  # no CUDA in this build
             assert "GPU wait" not in loaded.threads
         elif value != "auto":
             assert loaded.threads.endswith(f"; GPU wait {value}")
