@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from velo_chat.engine.api import EngineAPI, TurnHandle
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
 from velo_chat.engine.config.profile_schema import Profile
@@ -114,13 +115,13 @@ def last_user_message(messages: Sequence[Message]) -> Message | None:
 class StartedTurn:
     session: Session
     created: bool  # a new session was made for this turn
-    events: Iterator[EngineEvent]
+    events: TurnHandle
     recorded: RecordedTurn
 
 
 def start_turn(
     store: SessionStore,
-    engine: Any,
+    engine: EngineAPI,
     *,
     session: Session | None,
     profile: Profile,
@@ -149,7 +150,9 @@ def start_turn(
         created = session is None
         if session is None:
             session = store.create_session(
-                profile.name, system_prompt=system_prompt, model_fingerprint=engine.model.fingerprint
+                profile.name,
+                system_prompt=system_prompt,
+                model_fingerprint=engine.info.fingerprint if engine.info else "",
             )
         try:
             user, reply = store.add_exchange(session.id, text, replace_after=None if cut is None else cut - 1)
@@ -158,9 +161,7 @@ def start_turn(
                 _delete_quietly(store, session.id)
             raise
     except BaseException:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()  # the engine's turn never started: release it
+        events.close()  # the engine's turn never started: release it
         raise
     session = store.get_session(session.id)  # its title and time changed with the message
     return StartedTurn(session, created, events, RecordedTurn(store, session, user, reply))

@@ -3,6 +3,9 @@
 The engine is not thread-safe, so every call into it (load, turn, preview, close) happens with
 `lock` held, from a worker thread. The generation worker holds it for a whole turn; the preview
 worker only tries to take it and skips when a turn runs. Tests pass a fake `factory`.
+
+The app uses only the engine's public surface (`EngineAPI`, engine/api.py): what the loaded
+model is comes from `engine.info`, the profile it was built from from `engine.profile`.
 """
 
 from __future__ import annotations
@@ -10,34 +13,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
 
-from velo_chat.engine.engine import Engine
+from velo_chat.engine.api import EngineAPI
 from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
-
-class EngineLike(Protocol):
-    """What the app uses of `Engine` (the real one, or a fake in layout tests)."""
-
-    model: Any
-    ctx: Any
-
-    def check(self) -> None:
-        """Raise a user error now if the model cannot be loaded (a missing or bad file),
-        cheaply and before the running engine is closed."""
-
-    def load(self, on_event=None, cancel=None): ...
-    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, **kw): ...
-    def preview(self, messages): ...
-    def close(self) -> None: ...
+EngineFactory = Callable[[Profile], EngineAPI]
 
 
-EngineFactory = Callable[[Profile], EngineLike]
-
-
-def real_engine(profile: Profile) -> EngineLike:
+def real_engine(profile: Profile) -> EngineAPI:
     return Engine(profile)
 
 
@@ -45,14 +31,18 @@ class EngineHost:
     def __init__(self, factory: EngineFactory = real_engine) -> None:
         self.factory = factory
         self.lock = threading.Lock()
-        self.engine: EngineLike | None = None
-        self.profile: Profile | None = None  # the profile the loaded engine was built from
+        self.engine: EngineAPI | None = None
         self.last_preview_failure = ""  # logged once per distinct failure
 
     @property
     def loaded(self) -> bool:
         """An engine exists and its model is loaded (turns and previews can run)."""
-        return self.engine is not None and self.engine.model is not None
+        return self.engine is not None and self.engine.loaded
+
+    @property
+    def loaded_profile(self) -> Profile | None:
+        """The profile the loaded engine was built from (None: nothing loaded)."""
+        return self.engine.profile if self.engine is not None and self.engine.loaded else None
 
     def close_locked(self) -> None:
         if self.engine is not None:
@@ -61,7 +51,6 @@ class EngineHost:
             except Exception:  # closing must never stop the app from quitting
                 log.exception("closing the engine failed")
             self.engine = None
-            self.profile = None
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the engine once the running turn (already told to stop) lets go of it."""

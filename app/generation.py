@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,9 @@ from textual.message import Message
 
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.events import (
+    EngineEvent,
     EngineWarning,
+    ModelLoaded,
     ModelLoading,
     PrefillProgress,
     TokenDelta,
@@ -29,9 +31,9 @@ from velo_chat.engine.events import (
 from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
 from velo_chat.store import Session, SessionStore
 
-from velo_chat.engine.llama_context import usable_cores
+from velo_chat.engine.threads import usable_cores
 
-from .conversation import engine_messages, record, start_turn
+from .conversation import RecordedTurn, engine_messages, record, start_turn
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
 from .stream_pacer import StreamPacer
@@ -83,7 +85,7 @@ def run_load(
     (two big models do not fit side by side), the previous profile is loaded again. The final
     message says which profile is running (`ModelReady`, or `ModelLoadFailed.active`)."""
     with host.lock:
-        previous = host.profile if host.loaded else None
+        previous = host.loaded_profile
 
         def on_event(event: object) -> None:
             if isinstance(event, ModelLoading):
@@ -97,7 +99,7 @@ def run_load(
             post(ModelLoadFailed(_reason(exc), load_id, previous))
             return
         host.close_locked()
-        host.engine, host.profile = engine, profile
+        host.engine = engine
         try:
             info = engine.load(on_event, cancel)
             thinking = engine.thinking_support()
@@ -112,11 +114,25 @@ def run_load(
     post(ModelReady(info, profile, load_id, thinking))
 
 
+def run_apply(host: EngineHost, profile: Profile) -> None:
+    """Give the loaded engine the settings of `profile` that need no reload (it keeps its
+    model and context settings; a change to those asks for a reload instead). Waits for a
+    running turn to end: the turn finishes with the settings it started with."""
+    with host.lock:
+        engine = host.engine
+        if engine is None or not engine.loaded or engine.profile == profile:
+            return
+        try:
+            engine.apply(profile)
+        except Exception:  # e.g. a checkpoint folder that cannot be made: the old settings stay
+            log.exception("applying profile %r to the engine failed", profile.name)
+
+
 def _reload_previous(host: EngineHost, previous: Profile, on_event, cancel: threading.Event):
     """Load the profile that ran before a failed switch; its `ModelLoaded`, or None."""
     try:
         engine = host.factory(previous)
-        host.engine, host.profile = engine, previous
+        host.engine = engine
         return engine.load(on_event, cancel)
     except Exception:
         log.exception("reloading the previous profile %r failed", previous.name)
@@ -157,7 +173,7 @@ def run_turn(
     is stored; the reply shows what was generated, saved or not)."""
     with host.lock:
         engine = host.engine
-        if engine is None or not host.loaded:
+        if engine is None or engine.info is None:
             post(TurnRejected("the model is not loaded", req.text, req.rewind))
             return
         try:
@@ -180,22 +196,27 @@ def run_turn(
             return
         turn = started.recorded
         post(TurnAccepted(started.session, started.created, turn.user, turn.reply))
-        _stream(engine, turn, started.events, post, cancel, is_cancelled)
+        _stream(engine.info, turn, started.events, post, cancel, is_cancelled)
 
 
-def _pacer(engine) -> StreamPacer:
+def _pacer(info: ModelLoaded) -> StreamPacer:
     """Paces `TokensStreamed` by the UI thread's rendering cost (see `stream_pacer.py`)."""
-    return StreamPacer(threading.main_thread().ident, ui_has_own_core=usable_cores() > engine.ctx.n_threads)
+    return StreamPacer(threading.main_thread().ident, ui_has_own_core=usable_cores() > info.n_threads)
 
 
 def _stream(
-    engine, turn, events, post: Post, cancel: threading.Event, is_cancelled: Callable[[], bool]
+    info: ModelLoaded,
+    turn: RecordedTurn,
+    events: Iterator[EngineEvent],
+    post: Post,
+    cancel: threading.Event,
+    is_cancelled: Callable[[], bool],
 ) -> None:
     text = reasoning = ""
     n_tokens = n_reasoning = 0
     t_first = 0.0
     t_last = float("-inf")
-    pacer = _pacer(engine)
+    pacer = _pacer(info)
     pending = False
     stats = None
     failed = None
@@ -218,7 +239,7 @@ def _stream(
             elif isinstance(event, PrefillProgress):
                 post(PrefillUpdated(event))
             elif isinstance(event, TurnStarted):
-                post(TurnBegan(event, engine.ctx.n_ctx))
+                post(TurnBegan(event, info.n_ctx))
             elif isinstance(event, EngineWarning):
                 post(EngineNotice(event.message))
             elif isinstance(event, TurnDone):

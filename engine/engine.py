@@ -1,14 +1,20 @@
 """The in-process engine: one model, one context, one live sequence, turns as event iterators.
 
-`Engine.turn(messages)` renders the whole conversation with the model's chat template, tokenizes
-it, starts from the longest usable prefix it already has — the live context, a RAM checkpoint or
-a disk checkpoint — prefills the rest one ubatch at a time and decodes token by token
-(`turn_runner.py`). Everything it has to say comes out as events (`events.py`); it never prints
-and never imports the UI.
+This is the engine's public surface; the TUI, the CLI, the benchmark and the test fake use
+nothing else (`EngineAPI` in `api.py` is the same surface as a protocol):
 
-Prefix reuse follows the memory type (docs/architecture.md): an attention-only model may truncate its live
-sequence (or a restored checkpoint) to the common prefix with `seq_rm`; a hybrid/recurrent one
-may only continue exactly from a state saved after a prefix of the new tokens.
+    engine = Engine(profile)
+    info = engine.load()                  # ModelLoaded: what was loaded, threads, context size
+    engine.preview(messages)              # what the next turn would reuse (no side effects)
+    with engine.turn(messages) as turn:   # a Turn: iterate its events, cancel(), close()
+        for event in turn: ...
+    engine.close()
+
+`turn(messages)` renders the whole conversation with the model's chat template, tokenizes it,
+starts from the longest usable prefix it already has — the live context, a RAM checkpoint or a
+disk checkpoint (`live_sequence.py`) — prefills the rest one ubatch at a time and decodes token
+by token (`turn_runner.py`). Everything it has to say comes out as events (`events.py`); it never
+prints and never imports the UI.
 """
 
 from __future__ import annotations
@@ -23,26 +29,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .setup import default_model
 from . import gguf_file
 from .config import locations
 from .chat_template import ChatMessage, ChatTemplateError
-from .checkpoints import Candidate, Checkpoints
+from .checkpoints import Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
+from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .thinking import ThinkingSupport, requested
-from .turn_runner import TurnPlan, common_prefix, run_turn
+from .threads import ThreadPlan
+from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
 
 
-RESTORE_MIN_GAIN = 32
-"""Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
-the whole state, roughly the cost of prefilling a few dozen tokens)."""
+__all__ = ["RESTORE_MIN_GAIN", "Engine", "PromptTooLong", "ResumePreview", "Turn", "resolve_model_path"]
 
 
 @dataclass(frozen=True)
@@ -66,20 +70,99 @@ def resolve_model_path(profile: Profile, override: str | Path | None = None) -> 
     return Path(raw).expanduser()
 
 
+class Turn:
+    """One turn in flight: iterate it for its events (it ends with exactly one `TurnDone` or
+    `TurnFailed`), `cancel()` it from any thread (it stops within a token or a ubatch and still
+    ends with `TurnDone`, finish "cancelled"), `close()` it to abandon it (the engine is usable
+    again at once, and the live sequence keeps what was computed).
+    A context manager closes it."""
+
+    def __init__(self, events: Iterator[EngineEvent], cancel: threading.Event, prompt_tokens: int) -> None:
+        self._events = events
+        self._cancel = cancel
+        self.prompt_tokens = prompt_tokens
+        self.result: TurnDone | TurnFailed | None = None  # the final event, once seen
+
+    def __iter__(self) -> Turn:
+        return self
+
+    def __next__(self) -> EngineEvent:
+        event = next(self._events)
+        if isinstance(event, (TurnDone, TurnFailed)):
+            self.result = event
+        return event
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def close(self) -> None:
+        close = getattr(self._events, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class Engine:
-    """Owns the model, the context and the checkpoints. Not thread-safe: one call at a time."""
+    """Owns the model, the context, the live sequence and the checkpoints.
+
+    Not thread-safe: one call at a time (the app holds a lock around every call)."""
 
     def __init__(
         self, profile: Profile, *, model_path: str | Path | None = None, checkpoint_root: Path | None = None
     ) -> None:
-        self.profile = profile
-        self.model_path = resolve_model_path(profile, model_path)
-        self.checkpoint_root = checkpoint_root
-        self.model: LlamaModel | None = None
-        self.ctx: LlamaContext | None = None
-        self.checkpoints: Checkpoints | None = None
-        self.live_tokens: list[int] = []
-        self.last_prefill_tok_s: float | None = None
+        self._profile = profile
+        self._model_path = resolve_model_path(profile, model_path)
+        self._checkpoint_root = checkpoint_root
+        self._model: LlamaModel | None = None
+        self._ctx: LlamaContext | None = None
+        self._live: LiveSequence | None = None
+        self._checkpoints: Checkpoints | None = None
+        self._info: ModelLoaded | None = None
+        self._prefill_tok_s: float | None = None  # the last measured prefill rate (previews)
+
+    # -- what is loaded -------------------------------------------------------------------------
+
+    @property
+    def profile(self) -> Profile:
+        """The profile this engine was built from (model and context settings). Per-turn
+        settings (sampling, reasoning) are passed to `turn`; `apply` takes the rest."""
+        return self._profile
+
+    @property
+    def model_path(self) -> Path:
+        """The GGUF this engine loads (the first shard of a split model)."""
+        return self._model_path
+
+    @property
+    def info(self) -> ModelLoaded | None:
+        """What `load()` returned; None until then and after `close()`."""
+        return self._info
+
+    @property
+    def loaded(self) -> bool:
+        return self._info is not None
+
+    @property
+    def thread_plan(self) -> ThreadPlan:
+        return self._require_ctx().thread_plan
+
+    @property
+    def threads_now(self) -> tuple[int, int]:
+        """(decode, prefill) threads in use now (fewer than planned while the machine is busy)."""
+        return self._require_ctx().threads_now
+
+    def fixed_threads(self, decode: int, batch: int | None = None) -> contextlib.AbstractContextManager[None]:
+        """Run with fixed thread counts for a while (the benchmark's thread section)."""
+        return self._require_ctx().fixed_threads(decode, batch)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -88,7 +171,7 @@ class Engine:
 
         Reads only the header, so a profile switch can refuse a bad path before the running
         model is closed (a big machine cannot hold two large models to try)."""
-        gguf_file.read_header(self.model_path)
+        gguf_file.read_header(self._model_path)
 
     def load(
         self, on_event: Callable[[EngineEvent], None] | None = None, cancel: threading.Event | None = None
@@ -101,24 +184,18 @@ class Engine:
             return not (cancel and cancel.is_set())
 
         t0 = time.perf_counter()
-        model = LlamaModel(self.model_path, self.profile.model, on_progress=progress)
+        profile = self._profile
+        model = LlamaModel(self._model_path, profile.model, on_progress=progress)
         try:
-            ctx = LlamaContext(model, self.profile.context, n_gpu_layers=self.profile.model.n_gpu_layers)
+            ctx = LlamaContext(model, profile.context, n_gpu_layers=profile.model.n_gpu_layers)
         except BaseException:
             model.close()
             raise
-        self.model, self.ctx = model, ctx
-        self.live_tokens = []
-        if self.profile.checkpoints.enabled:
-            self.checkpoints = Checkpoints(
-                self.profile.checkpoints,
-                fingerprint=model.fingerprint,
-                ctx=ctx,
-                hybrid=model.hybrid,
-                root=self.checkpoint_root or locations.checkpoints_dir(),
-            )
-        loaded = ModelLoaded(
-            path=str(self.model_path),
+        self._model, self._ctx = model, ctx
+        self._live = LiveSequence(ctx, hybrid=model.hybrid)
+        self._checkpoints = self._make_checkpoints(profile, self._checkpoint_root)
+        self._info = ModelLoaded(
+            path=str(self._model_path),
             architecture=model.architecture,
             n_params=model.n_params,
             size_bytes=model.size_bytes,
@@ -128,25 +205,57 @@ class Engine:
             load_s=time.perf_counter() - t0,
             n_threads_batch=ctx.n_threads_batch,
             threads=ctx.thread_plan.describe(),
+            fingerprint=model.fingerprint,
+            n_vocab=model.n_vocab,
         )
-        emit(loaded)
-        return loaded
+        emit(self._info)
+        return self._info
+
+    def _make_checkpoints(self, profile: Profile, root: Path | None) -> Checkpoints | None:
+        if not profile.checkpoints.enabled or self._model is None or self._ctx is None:
+            return None
+        return Checkpoints(
+            profile.checkpoints,
+            fingerprint=self._model.fingerprint,
+            ctx=self._ctx,
+            hybrid=self._model.hybrid,
+            root=root or locations.checkpoints_dir(),
+        )
+
+    def apply(self, profile: Profile) -> None:
+        """Take the settings of `profile` that need no reload (sampling, reasoning and
+        checkpoint settings); the model and context settings stay as loaded (the schema marks
+        those `reload`). Pending checkpoint writes finish first."""
+        old = self._profile
+        new = dataclasses.replace(profile, model=old.model, context=old.context)
+        if self._ctx is not None and new.checkpoints != old.checkpoints:
+            replacement = self._make_checkpoints(new, self._checkpoint_root)  # may raise: nothing changed
+            if self._checkpoints is not None:
+                self._checkpoints.close()
+            self._checkpoints = replacement
+        self._profile = new
 
     def flush_checkpoints(self, timeout: float | None = None) -> bool:
         """Wait until queued checkpoint writes are on disk."""
-        return self.checkpoints.flush(timeout) if self.checkpoints else True
+        return self._checkpoints.flush(timeout) if self._checkpoints else True
 
-    def close(self) -> None:
-        """Finish pending checkpoint writes, then free the context and the model."""
-        if self.checkpoints:
-            self.checkpoints.close()
-            self.checkpoints = None
-        if self.ctx:
-            self.ctx.close()
-            self.ctx = None
-        if self.model:
-            self.model.close()
-            self.model = None
+    def close(self) -> bool:
+        """Finish pending checkpoint writes, then free the context and the model. False when
+        some checkpoint writes could not finish in time (they are abandoned, never half-read:
+        see docs/checkpoints.md)."""
+        finished = True
+        if self._checkpoints:
+            finished = self._checkpoints.close()
+            self._checkpoints = None
+        self._live = None
+        self._info = None
+        if self._ctx:
+            self._ctx.close()
+            self._ctx = None
+        if self._model:
+            self._model.close()
+            self._model = None
+        return finished
 
     def __enter__(self) -> Engine:
         return self
@@ -158,45 +267,37 @@ class Engine:
     def checkpoints_at(self, root: Path | None) -> Iterator[None]:
         """Use another checkpoint directory (None: no checkpoints) for a while; the benchmark
         measures cold and restored turns with the model it already has loaded."""
-        model, ctx = self._require()
-        saved = self.checkpoints
-        self.checkpoints = (
-            None
-            if root is None
-            else Checkpoints(
-                self.profile.checkpoints,
-                fingerprint=model.fingerprint,
-                ctx=ctx,
-                hybrid=model.hybrid,
-                root=root,
-            )
-        )
+        self._require()
+        saved = self._checkpoints
+        self._checkpoints = None if root is None else self._make_checkpoints(self._profile, root)
         try:
             yield
         finally:
-            if self.checkpoints is not None:
-                self.checkpoints.close()
-            self.checkpoints = saved
+            if self._checkpoints is not None:
+                self._checkpoints.close()
+            self._checkpoints = saved
 
     def complete(self, messages: Sequence[ChatMessage], **kwargs: Any) -> TurnDone:
         """Run a turn to its end and return its `TurnDone` (TurnFailed raises RuntimeError)."""
-        for event in self.turn(messages, **kwargs):
-            if isinstance(event, TurnDone):
-                return event
-            if isinstance(event, TurnFailed):
-                raise RuntimeError(event.reason)
+        with self.turn(messages, **kwargs) as turn:
+            for event in turn:
+                if isinstance(event, TurnDone):
+                    return event
+                if isinstance(event, TurnFailed):
+                    raise RuntimeError(event.reason)
         raise RuntimeError("the turn ended without TurnDone")
 
     def reset(self) -> None:
         """Forget the live sequence (checkpoints stay)."""
-        _, ctx = self._require()
-        ctx.clear()
-        self.live_tokens.clear()
+        self._require()[2].clear()
 
-    def _require(self) -> tuple[LlamaModel, LlamaContext]:
-        if self.model is None or self.ctx is None:
+    def _require(self) -> tuple[LlamaModel, LlamaContext, LiveSequence]:
+        if self._model is None or self._ctx is None or self._live is None:
             raise RuntimeError("Engine.load() must be called before a turn")
-        return self.model, self.ctx
+        return self._model, self._ctx, self._live
+
+    def _require_ctx(self) -> LlamaContext:
+        return self._require()[1]
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -215,7 +316,7 @@ class Engine:
     ) -> tuple[list[int], str]:
         """The prompt tokens and the template's text after the last message's (the generation
         prompt, which may open a reasoning block)."""
-        model, _ = self._require()
+        model = self._require()[0]
         segments = model.chat_template.segments(messages, variables=variables)
         last_plain = max((i for i, s in enumerate(segments) if s.plain), default=-1)
         tail = "".join(s.text for s in segments[last_plain + 1 :])
@@ -224,7 +325,7 @@ class Engine:
     def thinking_support(self) -> ThinkingSupport | None:
         """The thinking controls the model's chat template offers (None: it has no usable
         template, which a turn reports)."""
-        model, _ = self._require()
+        model = self._require()[0]
         try:
             return model.chat_template.thinking
         except ChatTemplateError:
@@ -236,24 +337,7 @@ class Engine:
         support = self.thinking_support()
         if support is None:
             return {}
-        return support.variables(*requested(reasoning or self.profile.reasoning))
-
-    def _live_usable(self, tokens: Sequence[int]) -> int:
-        model, _ = self._require()
-        live = self.live_tokens
-        keep = min(common_prefix(live, tokens), len(tokens) - 1)
-        if model.hybrid and keep < len(live):
-            return 0  # a recurrent state cannot be rewound
-        return keep
-
-    def _plan(self, tokens: list[int]) -> tuple[int, str, Candidate | None]:
-        """The longest usable prefix and where it is. The live context costs nothing to reuse,
-        a checkpoint a copy of the whole state: one must save `RESTORE_MIN_GAIN` more tokens."""
-        live_n = self._live_usable(tokens)
-        cand = self.checkpoints.find(np.asarray(tokens, dtype=np.int32)) if self.checkpoints else None
-        if cand is not None and cand.n_tokens >= live_n + (RESTORE_MIN_GAIN if live_n else 1):
-            return cand.n_tokens, cand.source, cand
-        return live_n, ("live" if live_n else "none"), None
+        return support.variables(*requested(reasoning or self._profile.reasoning))
 
     def preview(
         self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
@@ -261,11 +345,12 @@ class Engine:
         """How much the next turn would reuse, without touching the context (the UI shows this
         before sending): cached tokens, tokens to prefill, estimated prefill seconds. Give the
         `reasoning` settings the turn will run with: they can change the prompt."""
+        live = self._require()[2]
         tokens = self.tokens_for(messages, self.template_variables(reasoning))
-        cached, source, _ = self._plan(tokens)
-        tail = len(tokens) - cached
-        rate = self.last_prefill_tok_s
-        return ResumePreview(len(tokens), cached, tail, source, tail / rate if rate else None)
+        start = live.best_start(tokens, self._checkpoints)
+        tail = len(tokens) - start.n_tokens
+        rate = self._prefill_tok_s
+        return ResumePreview(len(tokens), start.n_tokens, tail, start.source, tail / rate if rate else None)
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -278,36 +363,54 @@ class Engine:
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
         ignore_eos: bool = False,
-    ) -> Iterator[EngineEvent]:
-        """Prepare a turn and return its event iterator.
+    ) -> Turn:
+        """Prepare a turn and return it (nothing runs until it is iterated).
 
         Raises at once (before any event) for user errors: no chat template, a conversation
-        longer than the context. `reasoning` (the profile's when None) sets the template's
-        thinking switch and level. `ignore_eos` keeps decoding past end-of-generation tokens (the
-        benchmark uses it to time a fixed number of tokens).
+        longer than the context. `sampling` and `reasoning` default to the profile's; the
+        reasoning settings set the template's thinking switch and level. `cancel`: an event
+        that stops the turn like `Turn.cancel()`. `ignore_eos` keeps decoding past
+        end-of-generation tokens (the benchmark uses it to time a fixed number of tokens).
         """
-        model, ctx = self._require()
+        model, _ctx, live = self._require()
         t_start = time.perf_counter()
         variables = self.template_variables(reasoning)
         tokens, prompt_tail = self._prompt(messages, variables)
-        if len(tokens) >= ctx.n_ctx:
+        if len(tokens) >= live.n_ctx:
             raise PromptTooLong(
-                f"the conversation is {len(tokens):,} tokens but the context holds {ctx.n_ctx:,}"
+                f"the conversation is {len(tokens):,} tokens but the context holds {live.n_ctx:,}"
                 " (raise context.n_ctx in the profile or start a new session)"
             )
-        settings = sampling or self.profile.sampling
+        settings = sampling or self._profile.sampling
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
         support = model.chat_template.thinking
+        stop = cancel or threading.Event()
         plan = TurnPlan(
             messages=tuple(messages),
             tokens=tokens,
             sampling=settings,
-            cancel=cancel or threading.Event(),
+            cancel=stop,
             t_start=t_start,
             ignore_eos=ignore_eos,
             variables=variables,
             thinking=support,
             opens_in_reasoning=support.opens_reasoning(prompt_tail),
         )
-        return run_turn(self, plan)
+        return Turn(self._observe(run_turn(self._parts(), plan)), stop, len(tokens))
+
+    def _parts(self) -> TurnParts:
+        model, _ctx, live = self._require()
+        return TurnParts(model, live, self._checkpoints, self.tokens_for)
+
+    def _observe(self, events: Iterator[EngineEvent]) -> Iterator[EngineEvent]:
+        """Pass a turn's events through, keeping the prefill rate the previews estimate with."""
+        try:
+            for event in events:
+                if isinstance(event, TurnDone) and event.stats.prefill_tok_s > 0:
+                    self._prefill_tok_s = event.stats.prefill_tok_s
+                yield event
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()

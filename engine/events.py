@@ -29,6 +29,8 @@ class ModelLoaded:
     load_s: float
     n_threads_batch: int = 0  # prefill threads as planned
     threads: str = ""  # the thread plan in words: settings, counts and why (threads.py)
+    fingerprint: str = ""  # identifies the weights (sessions and checkpoints record it)
+    n_vocab: int = 0
 
 
 @dataclass(frozen=True)

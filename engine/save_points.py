@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from .chat_template import ChatMessage, ChatTemplateError
+from .live_sequence import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ def stable_prefix(tokens_for: TokensFor, messages: Sequence[ChatMessage], tokens
     """The number of leading tokens of `tokens` (this turn's prompt for `messages`) that the
     conversation keeps whatever the reply and the next question are. 0 when a continuation
     cannot be rendered (a template that refuses our placeholder messages)."""
-    from .turn_runner import common_prefix  # numpy-fast; imported late (turn_runner imports us)
-
     n = len(tokens)
     for reply in PLACEHOLDER_REPLIES:
         convo = [*messages, ChatMessage("assistant", reply), ChatMessage("user", PLACEHOLDER_QUESTION)]

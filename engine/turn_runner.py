@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import codecs
 import logging
-import time
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -38,24 +38,14 @@ from .events import (
     TurnStats,
 )
 from .chat_template import ChatMessage
+from .checkpoints import Checkpoints
+from .live_sequence import MAX_RESTORE_ATTEMPTS, RESTORE_MIN_GAIN, LiveSequence, common_prefix
 from .llama_context import DecodeError
+from .llama_model import LlamaModel
 from .config.profile_schema import SamplingSettings
 from .sampling import Sampler
 from .save_points import stable_prefix
 from .thinking import ReasoningSplitter, ThinkingSupport
-
-if TYPE_CHECKING:
-    from .engine import Engine
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
-
 
 log = logging.getLogger(__name__)
 
@@ -93,37 +83,18 @@ class TurnPlan:
         )
 
 
-def _prepare(engine: Engine, tokens: list[int]) -> tuple[int, str, float]:
-    """Make the context hold the best usable prefix of `tokens`; return (n, source, restore_s).
+TokensFor = Callable[[Sequence[ChatMessage], Mapping[str, Any] | None], list[int]]
 
-    A checkpoint that fails to restore is dropped by its tier (with a warning) and the next
-    best is tried; the last resort is a cold prefill."""
-    ctx = engine.ctx
-    assert ctx is not None
-    for _attempt in range(4):
-        n, source, cand = engine._plan(tokens)
-        if cand is None or engine.checkpoints is None:
-            break
-        restored = engine.checkpoints.restore(ctx, cand)
-        if restored is not None:
-            engine.live_tokens = list(tokens[: restored.n_tokens])
-            return restored.n_tokens, source, restored.seconds
-        engine.live_tokens = []  # the failed restore emptied the context
-    else:
-        n, source = 0, "none"
-    live = engine.live_tokens
-    if n == 0:
-        ctx.clear()
-        live.clear()
-        source = "none"
-    elif n < len(live):
-        if ctx.truncate(n):
-            del live[n:]
-        else:
-            ctx.clear()
-            live.clear()
-            return 0, "none", 0.0
-    return n, source, 0.0
+
+@dataclass(frozen=True)
+class TurnParts:
+    """What a turn works with: the model, the live sequence, the checkpoints (None: off) and
+    the engine's prompt renderer. The engine hands these over; nothing here reaches back."""
+
+    model: LlamaModel
+    live: LiveSequence
+    checkpoints: Checkpoints | None
+    tokens_for: TokensFor
 
 
 def _prefill_stops(
@@ -132,8 +103,6 @@ def _prefill_stops(
     """Positions where the prefill pauses to save a checkpoint (the last one is `end`).
     `stable`: how much of the prompt every continuation keeps (hybrid models, `save_points.py`);
     when that is less than `end - 1`, the state before the reply is saved there."""
-    from .engine import RESTORE_MIN_GAIN  # late: engine imports this module
-
     stops: set[int] = {end}
     if save_last and end - 1 > start:
         if stable is not None and start < stable < end - 1:
@@ -149,7 +118,7 @@ def _prefill_stops(
 
 
 def follow_up_prefix(
-    engine: Engine,
+    tokens_for: TokensFor,
     messages: tuple[ChatMessage, ...],
     reply: str,
     *,
@@ -163,13 +132,13 @@ def follow_up_prefix(
     Found by rendering two follow-ups that differ only in that text; the template's own closing
     and opening tokens ("<|im_end|>\n<|im_start|>user\n") are part of it."""
     history = [*messages, ChatMessage("assistant", reply, reasoning)]
-    a = engine.tokens_for([*history, ChatMessage("user", "A")], variables)
-    b = engine.tokens_for([*history, ChatMessage("user", "B")], variables)
+    a = tokens_for([*history, ChatMessage("user", "A")], variables)
+    b = tokens_for([*history, ChatMessage("user", "B")], variables)
     return a[: common_prefix(a, b)]
 
 
 def close_boundary(
-    engine: Engine, plan: TurnPlan, reply: str, n_generated: int, *, reasoning: str = ""
+    parts: TurnParts, plan: TurnPlan, reply: str, n_generated: int, *, reasoning: str = ""
 ) -> bool:
     """Bring the live context to the follow-up boundary so the next turn (and a checkpoint
     saved here) starts exactly where a cold render of the conversation would.
@@ -182,62 +151,54 @@ def close_boundary(
     next best prefix is tried, then nothing): past it, this gives up with an empty context and
     the next turn plans from scratch, rather than re-prefill the whole conversation here.
     The turn's cancel event is checked between ubatches (and before a restore): a cancelled
-    turn stops within one ubatch, with `live_tokens` still describing the context.
+    turn stops within one ubatch, with the live sequence still describing the context.
     Returns True if the context now holds exactly the boundary."""
-    model, ctx, ck = engine.model, engine.ctx, engine.checkpoints
-    assert model is not None and ctx is not None
-    target = follow_up_prefix(engine, plan.messages, reply, reasoning=reasoning, variables=plan.variables)
-    if len(target) >= ctx.n_ctx:
+    live, ck = parts.live, parts.checkpoints
+    target = follow_up_prefix(
+        parts.tokens_for, plan.messages, reply, reasoning=reasoning, variables=plan.variables
+    )
+    if len(target) >= live.n_ctx:
         return False  # no room for the template's closing tokens: the reply filled the context
-    live = engine.live_tokens
-    c = common_prefix(live, target)
+    c = live.common_prefix(target)
     if c == len(target) == len(live):
         return True
-    if c < len(live):
-        if not model.hybrid and ctx.truncate(c):
-            del live[c:]
-        else:
-            if plan.cancel.is_set():
-                return False  # cancelled: not worth a restore and a re-prefill
-            min_tail = ck.settings.min_prefill_tokens if ck else 0
-            budget = 2 * n_generated + min_tail + 64
-            restored = None
-            for _attempt in range(4):
-                cand = ck.find(np.asarray(target + [-1], dtype=np.int32)) if ck else None
-                if len(target) - (cand.n_tokens if cand is not None else 0) > budget:
-                    return False  # `live_tokens` still describes the context
-                if cand is None:
-                    break
-                restored = ck.restore(ctx, cand)
-                if restored is not None:
-                    break
-                engine.live_tokens = live = []  # a failed restore empties the context and
-                # drops its checkpoint: the next best one (or none) is weighed again
-            if restored is None:
-                ctx.clear()
-            engine.live_tokens = live = list(target[: restored.n_tokens if restored else 0])
-    for i, pos in enumerate(range(len(live), len(target), ctx.n_ubatch)):
+    if c < len(live) and (parts.model.hybrid or not live.truncate(c)):
+        if plan.cancel.is_set():
+            return False  # cancelled: not worth a restore and a re-prefill
+        budget = 2 * n_generated + (ck.settings.min_prefill_tokens if ck else 0) + 64
+        restored = False
+        for _attempt in range(MAX_RESTORE_ATTEMPTS):
+            cand = ck.find(np.asarray(target + [-1], dtype=np.int32)) if ck else None
+            if len(target) - (cand.n_tokens if cand is not None else 0) > budget:
+                return False  # the live sequence still describes the context
+            if cand is None or ck is None:
+                break
+            # a failed restore empties the context and drops its checkpoint: the next best
+            # one (or none) is weighed again
+            if live.restore(ck, cand, target) is not None:
+                restored = True
+                break
+        if not restored:
+            live.clear()
+    for i, pos in enumerate(range(len(live), len(target), live.n_ubatch)):
         if i and plan.cancel.is_set():
             return False
-        chunk = target[pos : pos + ctx.n_ubatch]
-        ctx.decode(chunk)
-        live.extend(chunk)
+        live.extend(target[pos : pos + live.n_ubatch])
     return True
 
 
-def _warnings(engine: Engine) -> list[EngineWarning]:
-    ck = engine.checkpoints
+def _warnings(ck: Checkpoints | None) -> list[EngineWarning]:
     return [EngineWarning(w) for w in ck.take_warnings()] if ck else []
 
 
-def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
+def run_turn(parts: TurnParts, plan: TurnPlan) -> Iterator[EngineEvent]:
     """The turn's events. Every path ends in exactly one final event: `TurnDone` (finished,
     cancelled, length or context limit: the reply is kept) or `TurnFailed` (llama.cpp or a bug
     failed mid-turn: the text generated so far is in it, and the context starts cold next time,
     because its state is unknown). The reply is split into reasoning and answer as it streams."""
     split = plan.splitter()
     try:
-        yield from _turn_events(engine, plan, split)
+        yield from _turn_events(parts, plan, split)
     except Exception as exc:
         if isinstance(exc, DecodeError):
             log.warning("turn failed: %s", exc)
@@ -245,37 +206,33 @@ def run_turn(engine: Engine, plan: TurnPlan) -> Iterator[EngineEvent]:
         else:
             log.exception("turn failed")
             reason = f"{type(exc).__name__}: {exc}"
-        if engine.ctx is not None:
-            engine.ctx.clear()
-        engine.live_tokens.clear()
+        parts.live.clear()
         yield TurnFailed(reason, split.answer, split.reasoning)
 
 
-def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter) -> Iterator[EngineEvent]:
-    model, ctx = engine.model, engine.ctx
-    assert model is not None and ctx is not None
+def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> Iterator[EngineEvent]:
+    model, live, ck = parts.model, parts.live, parts.checkpoints
     tokens, cancel, settings = plan.tokens, plan.cancel, plan.sampling
-    ck = engine.checkpoints
 
-    yield from _warnings(engine)  # e.g. a disk write that failed after the last turn
-    cached, source, restore_s = _prepare(engine, tokens)
+    yield from _warnings(ck)  # e.g. a disk write that failed after the last turn
+    cached, source, restore_s = live.start_from_best(tokens, ck)
     tail_len = len(tokens) - cached
     yield TurnStarted(len(tokens), cached, tail_len, source)
-    yield from _warnings(engine)
+    yield from _warnings(ck)
 
     saved: list[dict[str, Any]] = []
     save_s = [0.0]  # time spent snapshotting, kept out of the prefill rate
 
     def save_point() -> Iterator[EngineEvent]:
         t0 = time.perf_counter()
-        n, nbytes = ck.save(ctx, engine.live_tokens) if ck else (0, 0)
+        n, nbytes = live.save(ck) if ck else (0, 0)
         save_s[0] += time.perf_counter() - t0
         if n:
             saved.append({"tokens": n, "bytes": nbytes})
             yield CheckpointSaved(n, nbytes, "ram+disk" if ck.disk else "ram")
-        yield from _warnings(engine)
+        yield from _warnings(ck)
 
-    perf0 = ctx.perf()
+    perf0 = live.perf()
     decode_tokens = 0
     finish = "stop"
     t_prefill0 = time.perf_counter()
@@ -284,7 +241,7 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter) -> It
     interval = ck.settings.interval_tokens if ck else 0
     save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
     stable = (
-        stable_prefix(lambda m: engine.tokens_for(m, plan.variables), plan.messages, tokens)
+        stable_prefix(lambda m: parts.tokens_for(m, plan.variables), plan.messages, tokens)
         if save_last and ck.exact
         else None
     )
@@ -292,9 +249,8 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter) -> It
     pos = cached
     for stop in stops:
         while pos < stop:
-            chunk = tokens[pos : min(stop, pos + ctx.n_ubatch)]
-            ctx.decode(chunk)
-            engine.live_tokens.extend(chunk)
+            chunk = tokens[pos : min(stop, pos + live.n_ubatch)]
+            live.extend(chunk)
             pos += len(chunk)
             done = pos - cached
             elapsed = time.perf_counter() - t_prefill0
@@ -308,21 +264,18 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter) -> It
             break
         if stop < len(tokens):
             yield from save_point()
-    ctx.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
+    live.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
     t_prefill1 = time.perf_counter()
     prefill_s = t_prefill1 - t_prefill0 - save_s[0]
-    if tail_len and finish != "cancelled" and prefill_s > 0:
-        engine.last_prefill_tok_s = tail_len / prefill_s
-    perf1 = ctx.perf()
+    perf1 = live.perf()
 
     # -- decode
     if finish != "cancelled":
         utf8 = Utf8Stream()
         with Sampler(settings, model.n_vocab, tokens) as sampler:
-            live = engine.live_tokens
-            n_ctx = ctx.n_ctx
+            n_ctx = live.n_ctx
             for _ in range(settings.max_tokens):
-                token = sampler.sample(ctx.ctx)
+                token = live.sample(sampler)
                 now = time.perf_counter()
                 if t_first is None:
                     t_first = now
@@ -342,17 +295,14 @@ def _turn_events(engine: Engine, plan: TurnPlan, split: ReasoningSplitter) -> It
                 if decode_tokens == settings.max_tokens:
                     finish = "length"
                     break
-                rc = ctx.decode_one(token)
-                if rc != 0:
-                    raise DecodeError(f"llama_decode failed during generation (code {rc})")
                 live.append(token)
             split.finish(utf8.finish(), t=t_last)  # bytes of an unfinished character: U+FFFD
     t_end = time.perf_counter()
-    perf2 = ctx.perf()
+    perf2 = live.perf()
     close_s = 0.0
     if t_first is not None and finish != "context":
         t_close = time.perf_counter()
-        closed = close_boundary(engine, plan, split.answer, decode_tokens, reasoning=split.reasoning)
+        closed = close_boundary(parts, plan, split.answer, decode_tokens, reasoning=split.reasoning)
         close_s = time.perf_counter() - t_close
         if closed or not model.hybrid:
             yield from save_point()  # the follow-up boundary: where the next turn starts

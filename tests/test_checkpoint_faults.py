@@ -109,7 +109,7 @@ def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path,
     # A qwen4exp engine looks in its own directory; plant SmolLM2's files there.
     with Engine(profile(qwen_path), checkpoint_root=root) as engine:
         engine.load()
-        qwen_dir = engine.checkpoints.disk.dir
+        qwen_dir = engine._checkpoints.disk.dir
     for f in smol_dir.glob(f"*{cf.SUFFIX}"):
         shutil.copy(f, qwen_dir / f.name)
     done, warnings = fresh_turn(qwen_path, root)
@@ -123,7 +123,7 @@ def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path,
     )
     with Engine(other, checkpoint_root=root) as engine:
         engine.load()
-        f32_dir = engine.checkpoints.disk.dir
+        f32_dir = engine._checkpoints.disk.dir
         done, warnings = turn(engine)
     assert done.stats.checkpoint["source"] == "none" and warnings == []
     assert f32_dir not in (smol_dir, qwen_dir)
@@ -166,7 +166,7 @@ def test_read_only_checkpoint_dir(smollm2_path, tmp_path):
     root = tmp_path / "ckpt"
     with Engine(profile(smollm2_path), checkpoint_root=root) as engine:
         engine.load()
-        ckpt_dir = engine.checkpoints.disk.dir
+        ckpt_dir = engine._checkpoints.disk.dir
     if subprocess.run(["chattr", "+i", str(ckpt_dir)], capture_output=True).returncode != 0:
         pytest.skip("chattr +i is not available here")
     try:

@@ -17,7 +17,7 @@ import pytest
 from velo_chat.engine import checkpoint_file as cf
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.checkpoint_tiers import DiskTier, RamTier
-from velo_chat.engine.checkpoints import Checkpoints
+from velo_chat.engine._checkpoints import Checkpoints
 from velo_chat.engine.config.profile_schema import CheckpointSettings
 
 FP = "f" * 64
@@ -96,7 +96,7 @@ def test_disk_tier_ties_pick_the_smaller_state_in_any_order(tmp_path):
 
 def test_find_prefers_the_smaller_state_across_tiers_and_ram_on_equal_size(smol_engine, tmp_path):
     settings = CheckpointSettings(ram_budget_mib=16, disk_budget_gib=1.0)
-    ck = Checkpoints(settings, fingerprint=FP, ctx=smol_engine.ctx, hybrid=False, root=tmp_path)
+    ck = Checkpoints(settings, fingerprint=FP, ctx=smol_engine._ctx, hybrid=False, root=tmp_path)
     try:
         ck.ram.put("b" * 32, ckpt_tokens(58), state(5800))
         ck.disk.save("a" * 32, ckpt_tokens(36), state(3600))
@@ -194,7 +194,7 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
     """A disk slower than the saves: the states queued for it count against the RAM budget,
     shared with the RAM tier (one array), and the oldest waiting ones are dropped, not the
     newest."""
-    ctx = smol_engine.ctx
+    ctx = smol_engine._ctx
     smol_engine.reset()
     tokens = smol_engine.tokens_for([ChatMessage("user", "Tell me about rivers. " * 20)])[:96]
     settings = CheckpointSettings(ram_budget_mib=2, disk_budget_gib=1.0)
@@ -232,7 +232,7 @@ def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
     from velo_chat.engine import checkpoint_tiers
 
     monkeypatch.setattr(checkpoint_tiers, "ABANDON_GRACE_S", 0.1)
-    ctx = smol_engine.ctx
+    ctx = smol_engine._ctx
     smol_engine.reset()
     tokens = smol_engine.tokens_for([ChatMessage("user", "Name two colours.")])
     settings = CheckpointSettings(disk_budget_gib=1.0, close_timeout_s=0.5)

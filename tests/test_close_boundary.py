@@ -55,16 +55,15 @@ def live_after_a_mismatched_reply(engine: Engine, messages) -> tuple[list[int], 
     (prompt, follow-up boundary for REPLY)."""
     engine.reset()
     prompt = engine.tokens_for(messages)
-    sampled = engine.model.tokenize(" zebra zebra", parse_special=False)[:2]
-    engine.ctx.decode(prompt + sampled)
-    engine.live_tokens = prompt + sampled
-    target = follow_up_prefix(engine, tuple(messages), REPLY)
+    sampled = engine._model.tokenize(" zebra zebra", parse_special=False)[:2]
+    engine._live.extend(prompt + sampled)
+    target = follow_up_prefix(engine.tokens_for, tuple(messages), REPLY)
     assert target[: len(prompt)] == prompt and target[len(prompt)] != sampled[0]
     return prompt, target
 
 
 def context_len(engine: Engine) -> int:
-    return engine.ctx.pos_max() + 1
+    return engine._ctx.pos_max() + 1
 
 
 def test_a_failed_restore_is_not_followed_by_a_prefill_past_the_budget(qwen_path, tmp_path):
@@ -74,11 +73,11 @@ def test_a_failed_restore_is_not_followed_by_a_prefill_past_the_budget(qwen_path
     root = tmp_path / "ckpt"
     with Engine(profile(qwen_path), checkpoint_root=root) as engine:
         engine.load()
-        assert engine.model.hybrid
+        assert engine._model.hybrid
         engine.complete(LONG, max_tokens=2)
         assert engine.flush_checkpoints(60)
-        for key in list(engine.checkpoints.ram.entries):  # only the disk copies are left
-            engine.checkpoints.ram.drop(key)
+        for key in list(engine._checkpoints.ram.entries):  # only the disk copies are left
+            engine._checkpoints.ram.drop(key)
         prompt, target = live_after_a_mismatched_reply(engine, LONG)
         saved = [f for f in root.glob(f"*/*{cf.SUFFIX}") if cf.read_header(f)[0].n_tokens == len(prompt) - 1]
         assert len(saved) == 1
@@ -88,9 +87,9 @@ def test_a_failed_restore_is_not_followed_by_a_prefill_past_the_budget(qwen_path
         n_generated = 30
         budget = 2 * n_generated + 64
         assert len(target) - (len(prompt) - 1) <= budget < len(target)
-        assert close_boundary(engine, plan_for(LONG), REPLY, n_generated) is False
-        assert engine.live_tokens == [] and context_len(engine) == 0
-        assert any("payload checksum mismatch" in w for w in engine.checkpoints.take_warnings())
+        assert close_boundary(engine._parts(), plan_for(LONG), REPLY, n_generated) is False
+        assert list(engine._live.tokens) == [] and context_len(engine) == 0
+        assert any("payload checksum mismatch" in w for w in engine._checkpoints.take_warnings())
 
 
 @pytest.mark.parametrize("model", ["qwen4exp", "smollm2"])
@@ -101,10 +100,10 @@ def test_a_cancelled_turn_stops_the_boundary_prefill_within_one_ubatch(model, re
     with Engine(profile(path, enabled=False)) as engine:
         engine.load()
         prompt, target = live_after_a_mismatched_reply(engine, LONG)
-        start = 0 if engine.model.hybrid else len(prompt)  # hybrid: from nothing; else truncate
+        start = 0 if engine._model.hybrid else len(prompt)  # hybrid: from nothing; else truncate
         assert len(target) - start > 3 * UBATCH
         plan = plan_for(LONG)
-        decode = engine.ctx.decode
+        decode = engine._ctx.decode
         calls = []
 
         def decode_then_cancel(tokens):
@@ -112,24 +111,24 @@ def test_a_cancelled_turn_stops_the_boundary_prefill_within_one_ubatch(model, re
             calls.append(len(tokens))
             plan.cancel.set()  # the user cancels while the first ubatch runs
 
-        engine.ctx.decode = decode_then_cancel
+        engine._ctx.decode = decode_then_cancel
         try:
-            assert close_boundary(engine, plan, REPLY, n_generated=1000) is False
+            assert close_boundary(engine._parts(), plan, REPLY, n_generated=1000) is False
         finally:
-            del engine.ctx.decode
+            del engine._ctx.decode
         assert calls == [UBATCH]
-        assert engine.live_tokens == target[: start + UBATCH]
-        assert context_len(engine) == len(engine.live_tokens)
+        assert list(engine._live.tokens) == target[: start + UBATCH]
+        assert context_len(engine) == len(list(engine._live.tokens))
 
 
 def test_a_turn_cancelled_before_the_boundary_leaves_the_context_as_it_was(qwen_path):
     """Cancelled during the reply: the hybrid model does not start a restore and re-prefill
-    at all; the context still holds what `live_tokens` says."""
+    at all; the context still holds what the live sequence says."""
     with Engine(profile(qwen_path, enabled=False)) as engine:
         engine.load()
         prompt, _ = live_after_a_mismatched_reply(engine, LONG)
-        before = list(engine.live_tokens)
+        before = list(engine._live.tokens)
         plan = plan_for(LONG)
         plan.cancel.set()
-        assert close_boundary(engine, plan, REPLY, n_generated=1000) is False
-        assert engine.live_tokens == before and context_len(engine) == len(before)
+        assert close_boundary(engine._parts(), plan, REPLY, n_generated=1000) is False
+        assert list(engine._live.tokens) == before and context_len(engine) == len(before)

@@ -48,7 +48,7 @@ def test_events_arrive_in_order_with_consistent_counts(smol_engine):
     assert isinstance(events[0], TurnStarted)
     saved = [e for e in events if isinstance(e, CheckpointSaved)]
     # The end of the prefill (minus its last token) and the end of the reply.
-    assert [s.tokens for s in saved] == [events[0].prompt_tokens - 1, len(smol_engine.live_tokens)]
+    assert [s.tokens for s in saved] == [events[0].prompt_tokens - 1, len(list(smol_engine._live.tokens))]
     assert all(s.bytes > 0 for s in saved)
     events = [e for e in events if not isinstance(e, CheckpointSaved)]
     kinds = [type(e).__name__ for e in events]
@@ -116,7 +116,7 @@ def test_cancel_mid_prefill_stops_within_one_ubatch(smol_engine):
             cancel.set()
     progress = [e for e in events if isinstance(e, PrefillProgress)]
     assert len(progress) == 1
-    assert progress[0].done == smol_engine.ctx.n_ubatch < progress[0].total
+    assert progress[0].done == smol_engine._ctx.n_ubatch < progress[0].total
     done = done_of(events)
     assert done.stats.finish_reason == "cancelled"
     assert done.text == "" and done.stats.decode_tokens == 0
@@ -124,7 +124,7 @@ def test_cancel_mid_prefill_stops_within_one_ubatch(smol_engine):
     started = events[0]
     assert isinstance(started, TurnStarted)
     retry = done_of(collect(smol_engine.turn(long_prompt, max_tokens=4)))
-    assert retry.stats.cached_tokens == started.cached_tokens + smol_engine.ctx.n_ubatch
+    assert retry.stats.cached_tokens == started.cached_tokens + smol_engine._ctx.n_ubatch
 
 
 def test_cancel_mid_decode_stops_within_one_token_and_keeps_text(smol_engine):
@@ -152,7 +152,7 @@ def test_utf8_multibyte_output_is_never_split(smollm2_path):
         engine.load()
         events = collect(engine.turn(prompt, max_tokens=48))
         deltas = [e for e in events if isinstance(e, TokenDelta)]
-        whole = b"".join(engine.model.token_bytes(d.token_id) for d in deltas)
+        whole = b"".join(engine._model.token_bytes(d.token_id) for d in deltas)
     streamed = "".join(d.text for d in deltas)
     assert streamed == whole.decode("utf-8", "replace") == done_of(events).text
     assert "\ufffd" not in streamed
@@ -162,7 +162,7 @@ def test_utf8_multibyte_output_is_never_split(smollm2_path):
 def test_tokens_that_split_a_character_stream_nothing_until_it_completes(smol_engine):
     """Byte-level BPE has tokens holding part of a UTF-8 character: the engine's decoder must
     hold them back rather than emit a replacement character."""
-    model = smol_engine.model
+    model = smol_engine._model
     tokens = model.tokenize("😀🎉 日本語 ✓", parse_special=False)
     pieces = [model.token_bytes(t) for t in tokens]
     partial = [p for p in pieces if _incomplete(p)]

@@ -130,9 +130,9 @@ def test_hybrid_model_never_truncates_its_live_state(qwen_path, tmp_path):
     an edited conversation resumes at a saved boundary instead of a truncated live state."""
     with Engine(profile_for(qwen_path, enabled=False)) as engine:
         engine.load()
-        assert engine.model.hybrid
+        assert engine._model.hybrid
         run(engine, Q1)
-        assert engine.ctx.truncate(5) is False  # the fact the rule rests on
+        assert engine._ctx.truncate(5) is False  # the fact the rule rests on
         edited = [ChatMessage("user", "List three prime numbers, briefly.")]
         events = list(engine.turn(edited, max_tokens=N))
         started = events[0]
@@ -158,7 +158,7 @@ def test_short_prefills_save_no_state_before_the_reply(qwen_path, tmp_path):
     with Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
         engine.load()
         first = engine.complete(Q1, max_tokens=N)
-        assert [s["tokens"] for s in first.stats.checkpoint["saved"]] == [len(engine.live_tokens)]
+        assert [s["tokens"] for s in first.stats.checkpoint["saved"]] == [len(list(engine._live.tokens))]
         convo = follow_up(first.text)
         engine.complete(convo, max_tokens=N)
         engine.reset()

@@ -69,7 +69,7 @@ def test_the_prefill_saves_where_every_follow_up_agrees(qwen35, tmp_path):
         engine.load()
         prompt = engine.tokens_for(QUESTION)
         stable = stable_prefix(engine.tokens_for, QUESTION, prompt)
-        tail = "".join(engine.model.token_text(t) for t in prompt[stable:])
+        tail = "".join(engine._model.token_text(t) for t in prompt[stable:])
         assert tail == "<think>\n"  # only the generation prompt's opening falls outside
         events, first, done = run(engine, QUESTION)
         saved = [e.tokens for e in events if isinstance(e, CheckpointSaved)]

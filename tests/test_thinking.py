@@ -116,7 +116,7 @@ def test_a_replys_reasoning_is_message_text_in_the_history(llama_templates):
 
 
 def pieces(engine: Engine, text: str) -> list[str]:
-    model = engine.model
+    model = engine._model
     return [model.token_bytes(t).decode() for t in model.tokenize(text, parse_special=False)]
 
 

@@ -186,17 +186,17 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
         assert isinstance(loaded, ModelLoaded) and loaded.n_threads_batch >= 1
         assert "(auto)" in loaded.threads or "decode 2" in loaded.threads
         runs[pool] = greedy(engine)
-        with engine.ctx.fixed_threads(1, 1):
-            assert engine.ctx.threads_now == (1, 1)
+        with engine._ctx.fixed_threads(1, 1):
+            assert engine._ctx.threads_now == (1, 1)
             runs[(pool, 1)] = greedy(engine)
-        assert engine.ctx.threads_now == (min(2, threads.usable_cores()),) * 2
+        assert engine._ctx.threads_now == (min(2, threads.usable_cores()),) * 2
         engine.close()
     assert runs[True] == runs[False] == runs[(True, 1)] == runs[(False, 1)]
 
     # The governor switching between 1 and 2 threads every token changes nothing either.
     engine = Engine(test_profile(smollm2_path, context={"flash_attn": "off", "adapt_threads": True}))
     engine.load()
-    plan = engine.ctx.thread_plan
+    plan = engine._ctx.thread_plan
 
     class Flipping(Machine):
         """Busy for one check in six, free otherwise: the count goes down and up again."""
@@ -206,17 +206,17 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
         def sample(self) -> LoadSample | None:
             self.checks += 1
             busy = plan.cores if self.checks % 6 == 0 else 0
-            self.run(busy, engine.ctx.threads_now[0] if engine.ctx else 1)
+            self.run(busy, engine._ctx.threads_now[0] if engine._ctx else 1)
             return self.now
 
-    engine.ctx._governor = ThreadGovernor(plan, probe=Flipping(plan.cores), interval=0.0)
+    engine._ctx._governor = ThreadGovernor(plan, probe=Flipping(plan.cores), interval=0.0)
     seen: list[int] = []
     engine.reset()
     tokens = []
     for e in engine.turn(STORY, max_tokens=40, ignore_eos=True):
         if isinstance(e, TokenDelta):
             tokens.append(e.token_id)
-            seen.append(engine.ctx.threads_now[0])
+            seen.append(engine._ctx.threads_now[0])
     engine.close()
     assert tokens == runs[True]
     if plan.decode >= 2:
@@ -241,7 +241,7 @@ def test_auto_on_the_hybrid_model_and_pools_keep_its_output(qwen_path):
         assert loaded.n_threads == want and loaded.n_threads_batch == threads.usable_cores()
         assert ("every layer on the GPU" in loaded.threads) is bool(on_gpu)
         outputs.append(greedy(engine, 24))
-        with engine.ctx.fixed_threads(min(2, threads.usable_cores())):
+        with engine._ctx.fixed_threads(min(2, threads.usable_cores())):
             outputs.append(greedy(engine, 24))
         engine.close()
     assert all(o == outputs[0] for o in outputs)

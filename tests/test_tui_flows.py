@@ -335,3 +335,29 @@ async def test_regenerate_replaces_the_last_reply(tmp_path):
         assert [m.content for m in sent][-3:] == ["one", "First answer.", "two"]
         views = chat(app).query_one(Transcript).views()
         assert [v.role for v in views] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_saved_settings_take_effect_without_a_restart(tmp_path):
+    """Display, reasoning display and checkpoint settings apply when saved: the live panel
+    hides, reasoning boxes hide, and the running engine gets the new checkpoint settings (no
+    reload, no restart)."""
+    script = FakeScript(reply="Answer.", reasoning="Let me think.", thinking=None)
+    app, factory = fake_app(tmp_path, script)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "hi")
+        screen = chat(app)
+        reply = screen.query_one(Transcript).views()[-1]
+        assert screen.query_one("#panel").display and reply.query_one(".thinking").display
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#f-display--show_live_panel").value = False
+        app.screen.query_one("#f-reasoning--show_thinking").value = False
+        app.screen.query_one("#f-checkpoints--ram_budget_mib").value = "123"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        engine = factory.engines[0]
+        await until(pilot, lambda: engine.applied)
+        assert not isinstance(app.screen, ConfirmDialog) and len(factory.engines) == 1
+        assert engine.applied[-1].checkpoints.ram_budget_mib == 123
+        assert not screen.query_one("#panel").display
+        assert not reply.query_one(".thinking").display

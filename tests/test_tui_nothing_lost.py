@@ -160,7 +160,7 @@ async def test_a_load_that_fails_after_closing_reloads_the_previous_profile(tmp_
         await until(pilot, lambda: isinstance(app.screen, MessageDialog))
         assert "failed to allocate" in app.screen.body and "Still running" in app.screen.body
         assert [e.profile.name for e in factory.engines] == ["default", "spark-qwen38", "default"]
-        assert app.host.profile.name == "default" and app.host.loaded
+        assert app.host.loaded_profile.name == "default" and app.host.loaded
         assert app.profile.name == "default" and active_profile_name() == "default"
         await pilot.press("escape")
         assert screen.model_ready
@@ -177,7 +177,7 @@ async def test_a_superseded_load_never_announces_itself(tmp_path):
         await until(pilot, lambda: screen.model_ready and len(factory.engines) == 3)
         await pilot.pause()
         assert not isinstance(app.screen, MessageDialog)  # the cancelled load said nothing
-        assert app.host.profile.name == "default" and app.profile.name == "default"
+        assert app.host.loaded_profile.name == "default" and app.profile.name == "default"
 
 
 async def test_settings_save_errors_are_dialogs(tmp_path):

@@ -44,7 +44,7 @@ def engine(smollm2_path: Path, tmp_path: Path):
 
 
 def test_the_context_limit_keeps_the_reply_and_the_live_state(engine: Engine):
-    n_ctx = engine.ctx.n_ctx
+    n_ctx = engine._ctx.n_ctx
     question = [ChatMessage("user", "Count from one upwards, in words: " + "one two " * 40)]
     prompt = len(engine.tokens_for(question))
     assert prompt < n_ctx - 20
@@ -54,7 +54,7 @@ def test_the_context_limit_keeps_the_reply_and_the_live_state(engine: Engine):
     assert isinstance(done, TurnDone), done
     assert done.stats.finish_reason == "context"
     assert done.text and done.stats.decode_tokens == n_ctx - prompt  # the last one not decoded
-    assert len(engine.live_tokens) == n_ctx - 1  # the state is kept, not cleared
+    assert len(list(engine._live.tokens)) == n_ctx - 1  # the state is kept, not cleared
     with pytest.raises(PromptTooLong):  # the follow-up does not fit: a user error, at once
         engine.turn([*question, ChatMessage("assistant", done.text), ChatMessage("user", "and more")])
 
@@ -63,7 +63,7 @@ def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engi
     question = [ChatMessage("user", "Name three colours.")]
     clean = engine.complete(question, max_tokens=8)
     engine.reset()
-    real = engine.model.token_bytes
+    real = engine._model.token_bytes
     calls = [0]
 
     def flaky(token: int, **kw) -> bytes:
@@ -72,14 +72,14 @@ def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engi
             raise RuntimeError("injected fault")
         return real(token, **kw)
 
-    monkeypatch.setattr(engine.model, "token_bytes", flaky)
+    monkeypatch.setattr(engine._model, "token_bytes", flaky)
     events = list(engine.turn(question, max_tokens=8))
     assert len(finals(events)) == 1 and isinstance(events[-1], TurnFailed)
     failed = events[-1]
     assert "RuntimeError: injected fault" in failed.reason
     streamed = "".join(e.text for e in events if isinstance(e, TokenDelta))
     assert failed.text == streamed and clean.text.startswith(failed.text)
-    assert engine.live_tokens == []  # unknown state: the next turn starts cold
+    assert list(engine._live.tokens) == []  # unknown state: the next turn starts cold
     monkeypatch.undo()
     again = engine.complete(question, max_tokens=8)
     assert again.text == clean.text
@@ -117,7 +117,7 @@ class Recorder:
 
 def host_for(engine) -> EngineHost:
     host = EngineHost(lambda _p: engine)
-    host.engine, host.profile = engine, engine.profile
+    host.engine = engine
     return host
 
 

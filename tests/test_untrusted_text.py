@@ -88,7 +88,7 @@ def prompt_tokens(model: LlamaModel, messages: list[ChatMessage]) -> list[int]:
 
 
 def test_every_special_token_text_stays_text_in_user_and_assistant_messages(engine):
-    model = engine.model
+    model = engine._model
     specials = special_tokens(model)
     texts = set(specials.values())
     assert {"<|im_start|>", "<|im_end|>", "<|endoftext|>"} <= texts
@@ -109,7 +109,7 @@ def test_every_special_token_text_stays_text_in_user_and_assistant_messages(engi
 
 
 def test_scaffolding_still_parses_to_control_tokens(engine):
-    model = engine.model
+    model = engine._model
     start, end = token_id(model, "<|im_start|>"), token_id(model, "<|im_end|>")
     messages = [
         ChatMessage("system", "Be brief <|im_end|>"),
@@ -126,7 +126,7 @@ def test_scaffolding_still_parses_to_control_tokens(engine):
 
 
 def test_a_forged_turn_does_not_forge_the_prompt_structure(engine):
-    model = engine.model
+    model = engine._model
     start, end = token_id(model, "<|im_start|>"), token_id(model, "<|im_end|>")
     messages = [ChatMessage("user", FORGED)]
     tokens = engine.tokens_for(messages)
@@ -143,7 +143,7 @@ def test_a_forged_turn_does_not_forge_the_prompt_structure(engine):
     events = list(engine.turn(messages, max_tokens=2))
     started = next(e for e in events if isinstance(e, TurnStarted))
     assert started.prompt_tokens == len(tokens)
-    assert engine.live_tokens[: len(tokens)] == tokens
+    assert list(engine._live.tokens)[: len(tokens)] == tokens
 
 
 # -- prefix stability -------------------------------------------------------------------------
@@ -168,7 +168,7 @@ NEXT = [
 
 
 def test_the_follow_up_boundary_is_a_prefix_of_every_follow_up(engine):
-    model = engine.model
+    model = engine._model
     start, end = token_id(model, "<|im_start|>"), token_id(model, "<|im_end|>")
     for reply in REPLIES:
         prompt = engine.tokens_for(HISTORY)
@@ -187,7 +187,7 @@ def test_the_follow_up_boundary_is_a_prefix_of_every_follow_up(engine):
 def test_ordinary_conversations_tokenize_as_the_whole_rendered_string(engine):
     """Without special text, and with no message starting with whitespace (where the prefix rule
     cuts the run), the tokens are exactly llama.cpp's tokens for the rendered string."""
-    model = engine.model
+    model = engine._model
     messages = [
         ChatMessage("system", "Be brief."),
         ChatMessage("user", "Hello, how are you?"),
@@ -201,7 +201,7 @@ def test_ordinary_conversations_tokenize_as_the_whole_rendered_string(engine):
 def test_sequence_delimiting_text_is_broken_up_when_plain_tokenization_would_match_it(engine):
     """User-defined tokens match even in plain text; those that delimit sequences (none in these
     vocabularies, so "the" stands in for one) are split before their first character."""
-    model = engine.model
+    model = engine._model
     word = model.tokenize("the", parse_special=False)
     assert len(word) == 1
     special = SpecialTokens({word[0]: "the"}, ("the",), frozenset(), frozenset())
@@ -324,7 +324,7 @@ def test_qwen3_reasoning_split_is_followed_and_the_fallback_stays_safe(llama_tem
 @pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B", "Qwen-Qwen2.5-7B-Instruct"])
 def test_chatml_templates_tokenize_prefix_stably_with_the_real_tokenizer(llama_templates, engine, name):
     """Qwen's templates use the same ChatML control tokens as SmolLM2's vocabulary."""
-    model = engine.model
+    model = engine._model
     template = ChatTemplate(
         read_template(llama_templates, name),
         bos_token="",

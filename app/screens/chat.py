@@ -27,7 +27,7 @@ from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
 from ..dialogs.message import error_dialog
-from ..generation import TurnRequest, run_load, run_preview, run_turn
+from ..generation import TurnRequest, run_apply, run_load, run_preview, run_turn
 from ..messages import (
     EngineNotice,
     ModelLoadFailed,
@@ -417,9 +417,19 @@ class ChatScreen(SessionActions, Screen[None]):
 
     # -- layout -------------------------------------------------------------------------------
 
-    def _profile_changed(self, _profile: Profile) -> None:
+    def _profile_changed(self, profile: Profile) -> None:
+        """A saved or switched profile takes effect at once: display settings here, the
+        engine's per-turn and checkpoint settings in the engine (`run_apply`)."""
+        self.query_one("#panel").display = profile.display.show_live_panel
+        self.query_one(LivePanel).set_speculation(profile.speculation.enabled)
+        self.query_one(Transcript).set_show_thinking(profile.reasoning.show_thinking)
+        self._apply(profile)
         self._update_header()
         self.request_preview()  # e.g. `reasoning.enabled` changed: the line says it
+
+    @work(thread=True, group="apply")
+    def _apply(self, profile: Profile) -> None:
+        run_apply(self.app.host, profile)
 
     def _update_header(self) -> None:
         profile = self.app.profile.name

@@ -103,11 +103,10 @@ def _row(n: int, d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fixed(engine: Engine, decode: Decode, counts: tuple[int, ...], where: str) -> list[dict[str, Any]]:
-    assert engine.ctx is not None
     rows = []
     for n in counts:
-        with engine.ctx.fixed_threads(n):
-            n = engine.ctx.threads_now[0]  # never more than the usable cores
+        with engine.fixed_threads(n):
+            n = engine.threads_now[0]  # never more than the usable cores
             rows.append(_row(n, decode(f" with {n} threads{where}")))
     return rows
 

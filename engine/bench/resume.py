@@ -33,8 +33,8 @@ def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> 
     """Measure, then close `engine` (the fresh-process probe needs the memory)."""
     from .result import conversation_of
 
-    assert engine.ctx is not None
-    first = conversation_of(engine, min(tokens, engine.ctx.n_ctx - reply_tokens - 64))
+    assert engine.info is not None, "load the engine first"
+    first = conversation_of(engine, min(tokens, engine.info.n_ctx - reply_tokens - 64))
     with tempfile.TemporaryDirectory(prefix="velo-bench-ckpt-") as tmp:
         root, probe_root = Path(tmp) / "warm", Path(tmp) / "probe"
         engine.reset()

@@ -46,7 +46,6 @@ def decode_section(
             engine.reset()
             note(f"decode {decode_tokens} tokens{label} (run {i + 1}/{repeats})")
             runs.append(engine.complete(messages, max_tokens=decode_tokens, ignore_eos=True).stats)
-    assert engine.ctx is not None
     ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
     best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
     return {
@@ -60,7 +59,7 @@ def decode_section(
         "overhead_runs": [round(r, 4) for r in ratios],
         "graphs_reused": best.graphs_reused,
         "repeats": repeats,
-        "threads_after": list(engine.ctx.threads_now),  # (decode, prefill) at the end
+        "threads_after": list(engine.threads_now),  # (decode, prefill) at the end
         "other_cores": load.get("other_cores"),  # CPU the rest of the machine used meanwhile
         "own_cores": load.get("own_cores"),  # CPU this process used (a spinning GPU wait: ~1)
     }
@@ -85,16 +84,16 @@ def run_bench(
     `engine/bench/load.py`). With `resume_tokens`, the resume section runs last and closes the engine
     (its fresh-process probe must not share the machine with a second copy)."""
     note = on_progress or (lambda _s: None)
-    model, ctx = engine.model, engine.ctx
-    assert model is not None and ctx is not None, "load the engine first"
-    plan = ctx.thread_plan
+    info = engine.info
+    assert info is not None, "load the engine first"
+    plan = engine.thread_plan
     result = BenchResult(
         model=str(engine.model_path.name),
-        architecture=model.architecture,
+        architecture=info.architecture,
         profile=profile_name,
-        n_ctx=ctx.n_ctx,
-        n_threads=ctx.n_threads,
-        hybrid=model.hybrid,
+        n_ctx=info.n_ctx,
+        n_threads=info.n_threads,
+        hybrid=info.hybrid,
         machine=f"{platform.machine()} {platform.system()}",
         threads={
             "decode": plan.decode,
@@ -110,7 +109,7 @@ def run_bench(
             "plan": plan.describe(),
         },
     )
-    room = ctx.n_ctx - decode_tokens - 16
+    room = info.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
     # Prefill and decode are measured cold: no checkpoint may shorten a prefill here.
     with engine.checkpoints_at(None):

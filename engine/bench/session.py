@@ -51,8 +51,8 @@ def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 6
     from .result import conversation_of
     from ..turn_runner import follow_up_prefix
 
-    assert engine.ctx is not None
-    room = engine.ctx.n_ctx - 3 * reply_tokens - 128
+    assert engine.info is not None, "load the engine first"
+    room = engine.info.n_ctx - 3 * reply_tokens - 128
     messages = conversation_of(engine, max(64, min(tokens, room) - 2 * reply_tokens - 64))
     root, files = workdir / "session", workdir / "session-files"
     engine.reset()

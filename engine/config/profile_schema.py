@@ -2,7 +2,8 @@
 
 A profile is a TOML file with one table per section. Each field below is declared once, with its
 type, default, allowed values and the doc text that the settings screen shows next to it; the
-loader (`engine/config/profiles.py`) validates a file against these declarations and builds frozen dataclasses.
+loader (`engine/config/profiles.py`) validates a file against these declarations and builds
+frozen dataclasses.
 Changing a setting means building a new `Profile` (`dataclasses.replace`), never mutating one.
 
 `reload` in a field's metadata says whether changing it needs the model or context rebuilt

@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from velo_chat.engine.engine import PromptTooLong, ResumePreview
+from velo_chat.engine.api import EngineAPI
+from velo_chat.engine.engine import PromptTooLong, ResumePreview, Turn
 from velo_chat.engine.llama_model import LoadCancelled
 from velo_chat.engine.events import (
     ModelLoaded,
@@ -23,19 +24,6 @@ from velo_chat.engine.events import (
     TurnStats,
 )
 from velo_chat.engine.thinking import ThinkingSupport, requested
-
-
-@dataclass
-class FakeModel:
-    fingerprint: str = "fake-fingerprint"
-    hybrid: bool = False
-    architecture: str = "llama"
-
-
-@dataclass
-class FakeCtx:
-    n_ctx: int = 4096
-    n_threads: int = 1
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:
@@ -64,15 +52,34 @@ class FakeScript:
 
 
 class FakeEngine:
+    """Implements `EngineAPI` (engine/api.py) like `Engine`; the type checker and
+    tests/test_engine_api.py hold both to it."""
+
     def __init__(self, profile, script: FakeScript) -> None:
-        self.profile = profile
+        self._profile = profile
         self.script = script
-        self.model: FakeModel | None = None
-        self.ctx: FakeCtx | None = None
+        self._info: ModelLoaded | None = None
+        self.applied: list = []  # profiles given to `apply`
         self.live = 0
         self.turns: list[list] = []
         self.reasoning: list = []  # the reasoning settings of each turn
         self.closed = False
+
+    @property
+    def profile(self):
+        return self._profile
+
+    @property
+    def info(self) -> ModelLoaded | None:
+        return self._info
+
+    @property
+    def loaded(self) -> bool:
+        return self._info is not None
+
+    def apply(self, profile) -> None:
+        self.applied.append(profile)
+        self._profile = profile
 
     def check(self) -> None:
         error = self.script.check_errors.get(self.profile.name)
@@ -90,7 +97,6 @@ class FakeEngine:
             if cancel is not None and cancel.is_set():
                 raise LoadCancelled(f"loading {self.profile.name} was cancelled")
         emit(ModelLoading(1.0))
-        self.model, self.ctx = FakeModel(), FakeCtx()
         info = ModelLoaded(
             "/models/fake.gguf",
             "llama",
@@ -102,7 +108,10 @@ class FakeEngine:
             0.1,
             n_threads_batch=2,
             threads="decode 2 (auto), prefill 2 (auto)",
+            fingerprint="fake-fingerprint",
+            n_vocab=49152,
         )
+        self._info = info
         emit(info)
         return info
 
@@ -119,7 +128,16 @@ class FakeEngine:
         cached = min(self.live, n - 1)
         return ResumePreview(n, cached, n - cached, "live" if cached else "none", 0.1)
 
-    def turn(self, messages, *, sampling=None, max_tokens=None, cancel=None, reasoning=None, **kw):
+    def turn(
+        self,
+        messages,
+        *,
+        sampling=None,
+        reasoning=None,
+        max_tokens=None,
+        cancel=None,
+        ignore_eos=False,
+    ) -> Turn:
         n = self._count(messages)
         if n > self.script.prompt_limit:
             raise PromptTooLong(
@@ -131,7 +149,8 @@ class FakeEngine:
         self.reasoning.append(reasoning)
         enabled = requested(reasoning)[0] if reasoning is not None else None
         thinks = bool(self.script.reasoning) and enabled is not False
-        return self._run(n, cancel or threading.Event(), thinks)
+        stop = cancel or threading.Event()
+        return Turn(self._run(n, stop, thinks), stop, n)
 
     def _wait(self, cancel: threading.Event) -> None:
         while not self.script.gate.wait(0.01):
@@ -199,8 +218,10 @@ class FakeEngine:
             reasoning,
         )
 
-    def close(self) -> None:
+    def close(self) -> bool:
         self.closed = True
+        self._info = None
+        return True
 
 
 class FakeFactory:
@@ -210,7 +231,7 @@ class FakeFactory:
         self.script = script or FakeScript()
         self.engines: list[FakeEngine] = []
 
-    def __call__(self, profile) -> FakeEngine:
+    def __call__(self, profile) -> EngineAPI:
         engine = FakeEngine(profile, self.script)
         self.engines.append(engine)
         return engine

@@ -25,7 +25,7 @@ from velo_chat.app.conversation import engine_messages, record, start_turn
 from velo_chat.engine.chat_template import ChatMessage, ChatTemplateError
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed, TurnStarted
-from velo_chat.engine.turn_runner import common_prefix
+from velo_chat.engine.live_sequence import common_prefix
 from velo_chat.store import SessionStore
 
 from .engine_helpers import test_profile
@@ -158,7 +158,7 @@ def kept_before_reply(engine: Engine, convo: list[ChatMessage], previous: list[i
     previous prompt's last token. That one is the exception for templates without an assistant
     header (Mistral's reply follows `[/INST]` directly): the state before a reply is saved one
     token before the end of the prompt, because a restored state has no logits to sample from."""
-    model = engine.model
+    model = engine._model
     before = model.tokenize_segments(model.chat_template.segments(convo[:-2], add_generation_prompt=False))
     prompt = engine.tokens_for(convo)
     return min(common_prefix(prompt, before), common_prefix(prompt, previous), len(previous) - 1)

@@ -69,6 +69,11 @@ class MessageView(Vertical, can_focus=True):
             return f"[b]{who}[/b] · [i]streaming…[/i]"
         return f"[b]{who}[/b]" + (f" · [b $error]{label}[/]" if label else "")
 
+    def set_show_thinking(self, show: bool) -> None:
+        self.show_thinking = show
+        if self.is_mounted:
+            self._sync_thinking_visibility(self.reasoning)
+
     def _sync_thinking_visibility(self, thinking: str) -> None:
         box = self.query_one(".thinking", Collapsible)
         box.display = bool(thinking) and self.show_thinking

@@ -51,6 +51,12 @@ class Transcript(VerticalScroll, can_focus=False):
         await self.mount(view)
         return view
 
+    def set_show_thinking(self, show: bool) -> None:
+        """Show or hide every message's reasoning (the profile's `reasoning.show_thinking`)."""
+        self.show_thinking = show
+        for view in self.query(MessageView):
+            view.set_show_thinking(show)
+
     def follow(self) -> None:
         self.anchor()
 

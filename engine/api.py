@@ -1,0 +1,81 @@
+"""The engine's public surface as a protocol: what the TUI, the CLI and the test fake rely on.
+
+`Engine` implements it; so does the scripted fake the TUI layout tests use, and the type
+checker (plus `tests/test_engine_api.py`) holds both to it, so a change here shows up in both
+at once. Nothing outside `engine/` should need more than this: facts about the loaded model come
+from `info` (the `ModelLoaded` that `load()` returned), never from the model or context objects.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from .chat_template import ChatMessage
+from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
+from .events import EngineEvent, ModelLoaded, TurnDone, TurnFailed
+from .thinking import ThinkingSupport
+
+
+class ResumePreviewLike(Protocol):
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    source: str
+    est_prefill_s: float | None
+
+
+class TurnHandle(Protocol):
+    """A turn in flight: an iterator of events ending in one `TurnDone` or `TurnFailed`."""
+
+    prompt_tokens: int
+    result: TurnDone | TurnFailed | None
+
+    def __iter__(self) -> Iterator[EngineEvent]: ...
+    def __next__(self) -> EngineEvent: ...
+    def cancel(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class EngineAPI(Protocol):
+    @property
+    def profile(self) -> Profile: ...
+
+    @property
+    def info(self) -> ModelLoaded | None: ...
+
+    @property
+    def loaded(self) -> bool: ...
+
+    def check(self) -> None:
+        """Raise a user error now if the model cannot be loaded (a missing or bad file),
+        cheaply and before the running engine is closed."""
+
+    def load(
+        self,
+        on_event: Callable[[EngineEvent], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelLoaded: ...
+
+    def apply(self, profile: Profile) -> None:
+        """Take the settings that need no reload from `profile`."""
+
+    def thinking_support(self) -> ThinkingSupport | None: ...
+
+    def preview(
+        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+    ) -> ResumePreviewLike: ...
+
+    def turn(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        sampling: SamplingSettings | None = None,
+        reasoning: ReasoningSettings | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+        ignore_eos: bool = False,
+    ) -> TurnHandle: ...
+
+    def close(self) -> bool: ...

@@ -1,0 +1,177 @@
+"""The live sequence: the tokens the llama.cpp context holds, and the only code that changes them.
+
+Every turn starts from the longest usable prefix of its prompt: the live context itself, a RAM
+checkpoint or a disk checkpoint. What "usable" means depends on the model's memory
+(docs/engine.md): an attention-only model can drop the tail of its sequence (`seq_rm`), so any
+common prefix is usable; a hybrid or recurrent model cannot rewind its recurrent state, so the
+live sequence is usable only when the whole of it is a prefix of the new prompt, and otherwise a
+checkpoint saved at a prefix boundary is the way back.
+
+Invariant: `tokens` is exactly what the context holds, in order. Every operation that changes
+the context goes through this class and keeps it so, including the failure paths (a failed
+restore or truncation leaves an empty context and an empty list, never a stale one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .checkpoints import Candidate, Checkpoints
+from .llama_context import DecodeError, LlamaContext, Perf
+from .sampling import Sampler
+
+RESTORE_MIN_GAIN = 32
+"""Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
+the whole state, roughly the cost of prefilling a few dozen tokens)."""
+
+MAX_RESTORE_ATTEMPTS = 4
+"""Checkpoints tried in turn when restoring fails (each failure drops the bad one)."""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where a prompt's turn can start: `n_tokens` already computed, from `source`."""
+
+    n_tokens: int
+    source: str  # "live", "ram", "disk" or "none"
+    candidate: Candidate | None = None  # the checkpoint to restore, when source is ram/disk
+
+
+class LiveSequence:
+    """The context's token sequence. Not thread-safe (the engine is used one call at a time)."""
+
+    def __init__(self, ctx: LlamaContext, *, hybrid: bool) -> None:
+        self._ctx = ctx
+        self._tokens: list[int] = []
+        self.hybrid = hybrid
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """A copy of the tokens the context holds (O(n): not for per-token use)."""
+        return tuple(self._tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx
+
+    @property
+    def n_ubatch(self) -> int:
+        return self._ctx.n_ubatch
+
+    def perf(self) -> Perf:
+        """llama.cpp's counters (eval time, graph reuse) for this context."""
+        return self._ctx.perf()
+
+    def synchronize(self) -> None:
+        """Wait for queued work (books a prefill into the prompt-eval counters)."""
+        self._ctx.synchronize()
+
+    def sample(self, sampler: Sampler) -> int:
+        """The next token from the logits of the last decoded position."""
+        return sampler.sample(self._ctx.ctx)
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        return common_prefix(self._tokens, tokens)
+
+    def usable(self, tokens: Sequence[int]) -> int:
+        """How much of `tokens` the live context can serve. At least the last token is always
+        left to decode (its logits start the reply); a hybrid model's context serves only if
+        all of it is a prefix of `tokens`."""
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
+        if self.hybrid and keep < len(self._tokens):
+            return 0
+        return max(keep, 0)
+
+    def best_start(self, tokens: Sequence[int], checkpoints: Checkpoints | None) -> StartPoint:
+        """The longest usable prefix of `tokens` and where it is. The live context costs
+        nothing to reuse, a checkpoint a copy of the whole state: one must save
+        `RESTORE_MIN_GAIN` more tokens than the live context to be chosen."""
+        live_n = self.usable(tokens)
+        cand = checkpoints.find(np.asarray(tokens, dtype=np.int32)) if checkpoints else None
+        if cand is not None and cand.n_tokens >= live_n + (RESTORE_MIN_GAIN if live_n else 1):
+            return StartPoint(cand.n_tokens, cand.source, cand)
+        return StartPoint(live_n, "live" if live_n else "none")
+
+    # -- changing -----------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        self._ctx.clear()
+        self._tokens.clear()
+
+    def truncate(self, n: int) -> bool:
+        """Keep the first `n` tokens (attention models). False, with the context emptied, when
+        llama.cpp cannot remove the tail (a recurrent state)."""
+        if n >= len(self._tokens):
+            return n == len(self._tokens)
+        if self._ctx.truncate(n):
+            del self._tokens[n:]
+            return True
+        self.clear()
+        return False
+
+    def extend(self, chunk: Sequence[int]) -> None:
+        """Decode `chunk` (one ubatch at most) after the live tokens."""
+        self._ctx.decode(chunk)
+        self._tokens.extend(chunk)
+
+    def append(self, token: int) -> None:
+        """Decode one sampled token (the per-token path of a reply)."""
+        rc = self._ctx.decode_one(token)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed during generation (code {rc})")
+        self._tokens.append(token)
+
+    def restore(self, checkpoints: Checkpoints, cand: Candidate, tokens: Sequence[int]) -> float | None:
+        """Load a checkpoint that holds `tokens[:cand.n_tokens]`; its restore seconds, or None
+        when it failed (the checkpoint is dropped by its tier and the context is empty)."""
+        restored = checkpoints.restore(self._ctx, cand)
+        if restored is None:
+            self._tokens = []
+            return None
+        self._tokens = list(tokens[: restored.n_tokens])
+        return restored.seconds
+
+    def start_from_best(
+        self, tokens: Sequence[int], checkpoints: Checkpoints | None
+    ) -> tuple[int, str, float]:
+        """Make the context hold the best usable prefix of `tokens`; (n, source, restore_s).
+
+        A checkpoint that fails to restore is dropped (with a warning) and the next best is
+        tried; the last resort is a cold start."""
+        start = StartPoint(0, "none")
+        for _attempt in range(MAX_RESTORE_ATTEMPTS):
+            start = self.best_start(tokens, checkpoints)
+            if start.candidate is None or checkpoints is None:
+                break
+            seconds = self.restore(checkpoints, start.candidate, tokens)
+            if seconds is not None:
+                return start.n_tokens, start.source, seconds
+        else:
+            start = StartPoint(0, "none")
+        if start.n_tokens == 0:
+            self.clear()
+            return 0, "none", 0.0
+        if start.n_tokens < len(self._tokens) and not self.truncate(start.n_tokens):
+            return 0, "none", 0.0
+        return start.n_tokens, start.source, 0.0
+
+    def save(self, checkpoints: Checkpoints) -> tuple[int, int]:
+        """Checkpoint the context as it is; (tokens saved, bytes) — (0, 0) when not saved."""
+        return checkpoints.save(self._ctx, self._tokens)
