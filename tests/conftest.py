@@ -1,8 +1,12 @@
 """Shared fixtures: the real SmolLM2 GGUF, an isolated VELO_CHAT_HOME, a loaded engine.
 
-Engine tests use real llama.cpp on real models: the embedded SmolLM2-135M is
-fetched once into the user's data dir by `make test`'s bootstrap (or here, if missing), and each
-test gets its own VELO_CHAT_HOME with the model linked in, so nothing a test writes leaks out.
+Engine tests use real llama.cpp on real models. What the tests write goes to temporary folders
+only: `tests/support/user_dirs.py` points HOME, the XDG folders and VELO_CHAT_HOME at a
+temporary folder for the whole run and fails the run if velo-chat's user folders appear there,
+and each test gets its own VELO_CHAT_HOME on top. Test data kept between runs (the SmolLM2
+GGUF, llama.cpp's chat templates) is cached in `.cache/test-data/` in the repo (ignored by git;
+`VELO_TEST_CACHE` names another folder). SmolLM2 is copied there from the user's own velo-chat
+data dir when `make test`'s bootstrap fetched it, or downloaded.
 """
 
 from __future__ import annotations
@@ -16,20 +20,21 @@ import pytest
 from velo_chat.engine.setup import default_model
 from velo_chat.engine.engine import Engine
 
+from tests.support import data_cache
 from tests.support.engine_helpers import test_profile
 
-pytest_plugins = ["tests.support.store_helpers"]  # the `db_path` and `store` fixtures
+pytest_plugins = [
+    "tests.support.user_dirs",  # HOME and the XDG folders in a temporary folder for the run
+    "tests.support.store_helpers",  # the `db_path` and `store` fixtures
+]
 
 
 @pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    """The verified SmolLM2-135M-Instruct GGUF in the real data dir (fetched if missing)."""
-    saved = os.environ.pop("VELO_CHAT_HOME", None)
-    try:
-        return default_model.fetch_default_model()
-    finally:
-        if saved is not None:
-            os.environ["VELO_CHAT_HOME"] = saved
+def smollm2_path(pytestconfig: pytest.Config) -> Path:
+    """The verified SmolLM2-135M-Instruct GGUF in the test-data cache (copied or fetched once)."""
+    from tests.support import user_dirs  # registered as a plugin above; imported here, not before
+
+    return data_cache.smollm2(user_dirs.user_model_dir(pytestconfig))
 
 
 @pytest.fixture(autouse=True)

@@ -76,9 +76,10 @@ def require_default_model() -> Path:
     return path
 
 
-def fetch_default_model(*, force: bool = False) -> Path:
-    """Download, extract and verify the default model; return its path."""
-    target = default_model_path()
+def fetch_default_model(*, force: bool = False, target: Path | None = None) -> Path:
+    """Download, extract and verify the default model; return its path (`target`, default: the
+    models folder of the data dir)."""
+    target = target or default_model_path()
     if not force and is_present(target):
         return target
     with tempfile.TemporaryDirectory(prefix="velo-chat-fetch-") as tmp:

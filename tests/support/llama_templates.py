@@ -2,8 +2,8 @@
 
 The templates ship in the llama-cpp-python sdist that `make bootstrap` builds the engine from
 (`vendor/llama.cpp/models/templates/`), but pip deletes the unpacked sdist after the build, so the
-first test run extracts them into the user cache dir (the SmolLM2 model is kept in the data dir
-the same way) and later runs read them from there. Sources, in order:
+first test run extracts them into the test-data cache (`data_cache.py`, beside the SmolLM2 model)
+and later runs read them from there. Sources, in order:
 - `VELO_TEST_LLAMA_TEMPLATES`: a folder of `*.jinja` files, or the sdist `.tar.gz`;
 - the extracted copy from an earlier run;
 - pip's HTTP cache, when it kept the sdist the bootstrap downloaded;
@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import platformdirs
+from .data_cache import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,7 @@ def llama_version() -> str:
 
 
 def _cache_dir(version: str) -> Path:
-    return (
-        Path(platformdirs.user_cache_dir("velo-chat")) / "test-data" / f"llama-cpp-python-{version}-templates"
-    )
+    return cache_dir() / f"llama-cpp-python-{version}-templates"
 
 
 def _extract(sdist: Path, dest: Path) -> bool:
