@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # One device call: build llama-cpp-python 0.3.36 with CUDA for sm_90 (the flags `make run
 # CUDA_ARCH=90` uses), then run the hybrid-resume tests and `velo-chat bench` on the GPU with the
-# tiny qwen4exp model. Inputs are carried in .device/ (ignored by git, made by hand):
-#   .device/llcpp.tar.xz         the llama-cpp-python sdist, models/docs/tools stripped
+# tiny qwen4exp model. Inputs are carried in .device/ (ignored by git; made by
+# benchmarks/prepare_device.sh, so the call names it: carry .device):
+#   .device/llcpp.tar.xz         the llama-cpp-python sdist, trimmed to what the build reads
 #   .device/whl/*.whl            platformdirs, diskcache (not in the device image)
-#   .device/tiny-qwen4exp.gguf   built here by tests/support/tiny_qwen4exp.py
+#   .device/tiny-qwen4exp.gguf   built by tests/support/tiny_qwen4exp.py
+# The build applies packaging/patches/*.patch, as the bootstrap does.
 # Results go to $OUT (build.log, tests.log, bench.json).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 mkdir -p "$out" /tmp/src /tmp/site
 tar xJf .device/llcpp.tar.xz -C /tmp/src
+for p in packaging/patches/*.patch; do
+  [ -e "$p" ] || continue
+  patch -p1 --batch --forward --silent -d /tmp/src/llama_cpp_python-0.3.36 < "$p" || exit 1
+done
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6

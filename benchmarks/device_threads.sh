@@ -6,7 +6,7 @@
 #   bash benchmarks/device_threads.sh bench        # the benchmarks (builds first if needed)
 #   bash benchmarks/device_threads.sh all          # build, the GPU-side thread tests, benchmarks
 #
-# Inputs travel in .device/ (ignored by git, made by hand; see device_engine_check.sh):
+# Inputs travel in .device/ (ignored by git; made by benchmarks/prepare_device.sh; carry .device):
 # llcpp.tar.xz, whl/*.whl, tiny-qwen4exp.gguf. VELO_SRC: the source tree to run (default: here).
 # Results go to $OUT: build.log, tests.log, bench_all.jsonl (every run's JSON, by name), bench.err,
 # switch.jsonl (gpu_wait_switch.py) and a summary table at the end of the output.
