@@ -110,8 +110,10 @@ class VeloChatApp(App[None]):
         the model or context rebuilt asks first, then reloads in the background, and the
         profile is adopted only once its model is loaded (a failed load keeps the previous one
         running). `activate` also saves it as the active profile, at the same moment."""
+        from .screens.chat import ChatScreen
+
         need = reload_needed(self.host.loaded_profile or self.profile, profile)
-        chat = next((s for s in self.screen_stack if s.id == "chat"), None)
+        chat = next((s for s in self.screen_stack if isinstance(s, ChatScreen)), None)
         if need is None or chat is None:
             self.adopt_profile(profile, activate=activate)
             return

@@ -14,16 +14,8 @@ from typing import Protocol
 
 from .chat_template import ChatMessage
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
-from .events import EngineEvent, ModelLoaded, TurnDone, TurnFailed
+from .events import EngineEvent, ModelLoaded, ResumePreview, TurnDone, TurnFailed
 from .thinking import ThinkingSupport
-
-
-class ResumePreviewLike(Protocol):
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_tokens: int
-    source: str
-    est_prefill_s: float | None
 
 
 class TurnHandle(Protocol):
@@ -65,7 +57,7 @@ class EngineAPI(Protocol):
 
     def preview(
         self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
-    ) -> ResumePreviewLike: ...
+    ) -> ResumePreview: ...
 
     def turn(
         self,

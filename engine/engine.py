@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from . import gguf_file
 from .config import locations
 from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Checkpoints
-from .events import EngineEvent, ModelLoaded, ModelLoading, TurnDone, TurnFailed
+from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnDone, TurnFailed
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
@@ -47,15 +46,6 @@ log = logging.getLogger(__name__)
 
 
 __all__ = ["RESTORE_MIN_GAIN", "Engine", "PromptTooLong", "ResumePreview", "Turn", "resolve_model_path"]
-
-
-@dataclass(frozen=True)
-class ResumePreview:
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_tokens: int
-    source: str  # "live", "ram", "disk" or "none"
-    est_prefill_s: float | None  # None until a prefill rate has been measured
 
 
 class PromptTooLong(ValueError):

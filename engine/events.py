@@ -34,6 +34,17 @@ class ModelLoaded:
 
 
 @dataclass(frozen=True)
+class ResumePreview:
+    """What the next turn would reuse (`Engine.preview`), shown before sending."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    source: str  # "live", "ram", "disk" or "none"
+    est_prefill_s: float | None  # None until a prefill rate has been measured
+
+
+@dataclass(frozen=True)
 class TurnStarted:
     prompt_tokens: int
     cached_tokens: int

@@ -225,7 +225,9 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
 
     def save_point() -> Iterator[EngineEvent]:
         t0 = time.perf_counter()
-        n, nbytes = live.save(ck) if ck else (0, 0)
+        if ck is None:
+            return
+        n, nbytes = live.save(ck)
         save_s[0] += time.perf_counter() - t0
         if n:
             saved.append({"tokens": n, "bytes": nbytes})
@@ -242,7 +244,7 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
     save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
     stable = (
         stable_prefix(lambda m: parts.tokens_for(m, plan.variables), plan.messages, tokens)
-        if save_last and ck.exact
+        if save_last and ck is not None and ck.exact
         else None
     )
     stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last, stable=stable)

@@ -159,7 +159,7 @@ class ChatScreen(SessionActions, Screen[None]):
             self._model_info = None
             self.model_ready = False
         self._sync_composer()
-        if self.model_ready:
+        if self.model_ready and self._model_info is not None and msg.active is not None:
             panel.model_ready(self._model_info, self._model_name(msg.active))
             self.app.adopt_profile(msg.active)
             body = f"{msg.reason}\n\nStill running profile {msg.active.name!r}."

@@ -67,7 +67,9 @@ def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 6
             ]
         engine.flush_checkpoints()
         shutil.copytree(root, files)  # as when the user types the third question
-        history_tokens = len(follow_up_prefix(engine, history, done.text, reasoning=done.reasoning))
+        history_tokens = len(
+            follow_up_prefix(engine.tokens_for, history, done.text, reasoning=done.reasoning)
+        )
         warm = engine.complete(messages, max_tokens=1).stats
     engine.reset()
     with engine.checkpoints_at(None):

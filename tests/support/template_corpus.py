@@ -125,7 +125,7 @@ def run_template(name: str, source: str, base_model: Path, workdir: Path) -> Tem
 def _session(engine: Engine, cold: Engine, store: SessionStore, profile, variant: str) -> list[TurnResult]:
     session, out, previous = None, [], None
     for k, question in enumerate(QUESTIONS):
-        stored = store.messages(session.id) if session else []
+        stored: list = store.messages(session.id) if session else []
         convo = engine_messages(profile.system_prompt, stored) + [ChatMessage("user", question)]
         prompt = engine.tokens_for(convo)
         preview = engine.preview(convo).cached_tokens
@@ -158,7 +158,7 @@ def kept_before_reply(engine: Engine, convo: list[ChatMessage], previous: list[i
     previous prompt's last token. That one is the exception for templates without an assistant
     header (Mistral's reply follows `[/INST]` directly): the state before a reply is saved one
     token before the end of the prompt, because a restored state has no logits to sample from."""
-    model = engine._model
+    model = engine._require()[0]
     before = model.tokenize_segments(model.chat_template.segments(convo[:-2], add_generation_prompt=False))
     prompt = engine.tokens_for(convo)
     return min(common_prefix(prompt, before), common_prefix(prompt, previous), len(previous) - 1)
