@@ -2,12 +2,14 @@
 # Bring a checkout to a runnable state: .venv, llama-cpp-python built from source, the project
 # installed (editable, with test extras), and the embedded default model fetched.
 #
-# Idempotent and fast on re-runs: llama-cpp-python is rebuilt only when the installed version or
-# the build flavour (CPU, or CUDA for a given arch) differs from what is asked for.
+# Idempotent and fast on re-runs: llama-cpp-python is rebuilt only when the installed version, the
+# build flavour (CPU, or CUDA for a given arch) or the patches in packaging/patches/ differ from
+# what is asked for. The patches are applied to the sdist before every build (packaging/README.md).
 #
 #   CUDA_ARCH=      CPU build (default)
 #   CUDA_ARCH=121a  CUDA build for a DGX Spark (GB10)
 #   CUDA_ARCH=90    CUDA build for an H200
+#   LLAMA_SDIST=    a local llama-cpp-python sdist (.tar.gz/.tar.xz) instead of downloading one
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +19,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 LLAMA_VERSION=0.3.36
 CUDA_ARCH=${CUDA_ARCH:-}
+LLAMA_SDIST=${LLAMA_SDIST:-}
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
@@ -35,15 +38,30 @@ if [ -n "$CUDA_ARCH" ]; then
 else
   cmake_args="-DGGML_CUDA=off -DGGML_OPENMP=OFF"
 fi
-flavour="$cmake_args"
+patches=$(ls packaging/patches/*.patch 2>/dev/null | sort || true)
+patch_hash=$(cat $patches /dev/null | sha256sum | cut -c1-16)
+flavour="$cmake_args patches=$patch_hash"
 stamp="$VENV/.llama-cpp-python-build"
 installed=$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
 if [ "$installed" != "$LLAMA_VERSION" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flavour" ]; then
   jobs=$("$py" -c 'import os; print(len(os.sched_getaffinity(0)))')
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  sdist=$LLAMA_SDIST
+  if [ -z "$sdist" ]; then
+    "$py" -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$work" \
+      "llama-cpp-python==$LLAMA_VERSION"
+    sdist=$(ls "$work"/llama_cpp_python-"$LLAMA_VERSION".tar.*)
+  fi
+  tar xf "$sdist" -C "$work"
+  src="$work/llama_cpp_python-$LLAMA_VERSION"
+  for p in $patches; do
+    log "applying $(basename "$p")"
+    patch -p1 --batch --forward --silent -d "$src" < "$p"
+  done
   log "building llama-cpp-python $LLAMA_VERSION from source ($flavour, $jobs jobs; a few minutes)"
   CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
-    "$py" -m pip install --quiet --no-binary llama-cpp-python --force-reinstall --no-deps \
-    "llama-cpp-python==$LLAMA_VERSION"
+    "$py" -m pip install --quiet --force-reinstall --no-deps "$src"
   echo "$flavour" > "$stamp"
 fi
 
