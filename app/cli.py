@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from velo_chat.engine import llama_log
 from velo_chat.engine.config import locations
+from velo_chat.engine.fit.report import DoesNotFit
 
 from .errors import USER_ERRORS
 
@@ -45,6 +46,7 @@ def _bounded(kind: type, lo: float, hi: float | None = None):
 
 
 _positive = _bounded(int, 1)
+_FORCE_HELP = "load the model even if the fit check says it does not fit in memory"
 _temperature = _bounded(float, 0.0, 5.0)
 _seed = _bounded(int, 0, 2**32 - 1)
 
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--print-config", action="store_true", help="print the resolved profile and directories, then exit"
     )
+    p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     ask = sub.add_parser("ask", help="one turn, streamed to stdout")
@@ -79,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--edit-last", action="store_true", help="with --session: replace the last user message with PROMPT"
     )
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    ask.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
 
     profiles = sub.add_parser("profiles", help="list or show profiles")
     psub = profiles.add_subparsers(dest="profiles_command", metavar="ACTION", required=True)
@@ -151,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also decode with each fixed thread count (and beside the busy processes with --load)",
     )
     bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    bench.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
+
+    doctor = sub.add_parser("doctor", help="check this machine, the llama.cpp build and the model's fit")
+    doctor.add_argument("--profile", dest="doctor_profile", metavar="NAME", help="profile to check")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
 
     fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")
     fetch.add_argument("--force", action="store_true", help="download again even if present")
@@ -166,7 +175,8 @@ def _setup_logging() -> None:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    from .commands import ask, bench, config, fetch, profiles, sessions
+    from .commands import ask, bench, config, doctor, fetch, profiles, sessions
+    from .commands.fit_gate import forced
 
     if args.print_config:
         return config.print_config(args.profile)
@@ -176,12 +186,14 @@ def dispatch(args: argparse.Namespace) -> int:
         "sessions": sessions.run,
         "bench": bench.run,
         "fetch-model": fetch.run,
+        "doctor": doctor.run,
     }
     if args.command is None:
         from .tui import run_tui
 
         return run_tui(args.profile)
-    return handlers[args.command](args)
+    with forced(args.force):
+        return handlers[args.command](args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return dispatch(args)
     except USER_ERRORS as exc:
+        if isinstance(exc, DoesNotFit):  # the arithmetic first, then the one-line refusal
+            print(exc.report.table(), file=sys.stderr)
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"velo-chat: error: {message}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from velo_chat.engine.chat_template import ChatTemplateError
 from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.engine.engine import PromptTooLong
+from velo_chat.engine.fit.report import DoesNotFit
 from velo_chat.engine.gguf_file import GGUFError
 from velo_chat.engine.llama_context import ContextCreateError
 from velo_chat.engine.llama_model import ModelLoadError
@@ -26,6 +27,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     DefaultModelMissing,
     PromptTooLong,
     ChatTemplateError,
+    DoesNotFit,
     StoreError,
     BinaryInput,
 )

@@ -28,7 +28,9 @@ from velo_chat.engine.events import (
     TurnFailed,
     TurnStarted,
 )
+from velo_chat.engine.api import EngineAPI
 from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
+from velo_chat.engine.fit.report import DoesNotFit
 from velo_chat.store import Session, SessionStore
 
 from velo_chat.engine.threads import usable_cores
@@ -75,7 +77,12 @@ def one_line(exc: BaseException) -> str:
 
 
 def run_load(
-    host: EngineHost, profile: Profile, post: Post, cancel: threading.Event, load_id: int = 0
+    host: EngineHost,
+    profile: Profile,
+    post: Post,
+    cancel: threading.Event,
+    load_id: int = 0,
+    force: bool = False,
 ) -> None:
     """Make and load an engine for `profile`, posting progress; errors become a message.
 
@@ -83,7 +90,9 @@ def run_load(
     (`engine.check()`, a header read) before the loaded engine is closed, so a missing or bad
     file keeps the old model running; if the load itself fails after the old engine was closed
     (two big models do not fit side by side), the previous profile is loaded again. The final
-    message says which profile is running (`ModelReady`, or `ModelLoadFailed.active`)."""
+    message says which profile is running (`ModelReady`, or `ModelLoadFailed.active`).
+    The check includes the fit check: a model that does not fit is refused with its table
+    (`ModelLoadFailed.refused`, the screen asks whether to load anyway) unless `force`."""
     with host.lock:
         previous = host.loaded_profile
 
@@ -93,7 +102,15 @@ def run_load(
 
         try:
             engine = host.factory(profile)
-            engine.check()
+            _check(engine, force)
+        except DoesNotFit as exc:
+            log.warning("model load refused: %s", one_line(exc))
+            post(
+                ModelLoadFailed(
+                    _reason(exc), load_id, previous, refused=profile, fit_table=exc.report.table()
+                )
+            )
+            return
         except Exception as exc:
             _log_load_failure(exc)
             post(ModelLoadFailed(_reason(exc), load_id, previous))
@@ -112,6 +129,15 @@ def run_load(
             post(ModelLoadFailed(_reason(exc), load_id, previous if restored else None, restored))
             return
     post(ModelReady(info, profile, load_id, thinking))
+
+
+def _check(engine: EngineAPI, force: bool) -> None:
+    try:
+        engine.check()
+    except DoesNotFit as exc:
+        if not force:
+            raise
+        log.warning("loading anyway (the user chose to): %s", exc.report.summary())
 
 
 def run_apply(host: EngineHost, profile: Profile) -> None:

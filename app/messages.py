@@ -43,6 +43,8 @@ class ModelLoadFailed(Message):
     load_id: int = 0
     active: Profile | None = None  # the profile still (or again) running; None: no model
     active_info: ModelLoaded | None = None  # set when `active` had to be loaded again
+    refused: Profile | None = None  # the fit check refused this profile: the screen offers "load anyway"
+    fit_table: str = ""  # and its arithmetic (docs/fit.md)
 
 
 @dataclass

@@ -31,6 +31,8 @@ from typing import Any
 from .setup import default_model
 from . import gguf_file
 from .config import locations
+from .fit import machine as fit_machine
+from .fit import report as fit_report
 from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnDone, TurnFailed
@@ -118,6 +120,7 @@ class Engine:
         self._checkpoints: Checkpoints | None = None
         self._info: ModelLoaded | None = None
         self._prefill_tok_s: float | None = None  # the last measured prefill rate (previews)
+        self.fit: fit_report.FitReport | None = None  # the memory estimate `check()` made
 
     # -- what is loaded -------------------------------------------------------------------------
 
@@ -157,11 +160,17 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise `GGUFError` (one line) now if the model file is missing or not a whole GGUF.
+        """Raise `GGUFError` (one line) now if the model file is missing or not a whole GGUF,
+        and `DoesNotFit` (with its table) if the profile needs more memory than the machine has
+        (`engine/fit`, docs/fit.md); a caller that lets the user load anyway catches it.
 
-        Reads only the header, so a profile switch can refuse a bad path before the running
+        Reads only the headers, so a profile switch can refuse a bad path before the running
         model is closed (a big machine cannot hold two large models to try)."""
         gguf_file.read_header(self._model_path)
+        self.fit = None
+        self.fit = fit_report.check(self._profile, self._model_path, fit_machine.probe())
+        if not self.fit.fits:
+            raise fit_report.DoesNotFit(self.fit)
 
     def load(
         self, on_event: Callable[[EngineEvent], None] | None = None, cancel: threading.Event | None = None

@@ -13,6 +13,8 @@ from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import CleanText
 
+from .fit_gate import check_fit
+
 
 def resolve_profile(name: str | None) -> Profile:
     return load_profile(name or active_profile_name())
@@ -64,6 +66,7 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> Engine:
             sys.stderr.flush()
 
     try:
+        check_fit(engine)  # the memory it needs, before any is taken (--force: load anyway)
         engine.load(on_event)
     finally:
         if show:

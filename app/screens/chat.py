@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -26,6 +27,7 @@ from velo_chat.store import Session
 from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
+from ..dialogs.confirm import ConfirmDialog
 from ..dialogs.message import error_dialog
 from ..generation import TurnRequest, run_apply, run_load, run_preview, run_turn
 from ..messages import (
@@ -110,10 +112,11 @@ class ChatScreen(SessionActions, Screen[None]):
 
     # -- the model ----------------------------------------------------------------------------
 
-    def reload_model(self, profile: Profile, *, activate: bool = False) -> None:
+    def reload_model(self, profile: Profile, *, activate: bool = False, force: bool = False) -> None:
         """Load (or reload) the engine for `profile` in the background. The app adopts the
         profile only once it is loaded (`activate`: and saves it as the active one); a failed
-        load leaves the previous profile running."""
+        load leaves the previous profile running. `force`: load even if the fit check says
+        the model does not fit (the user chose "Load anyway")."""
         self.model_ready = False
         self._sync_composer()
         self._cancel.set()  # a running turn stops first; the load waits for the engine lock
@@ -123,11 +126,11 @@ class ChatScreen(SessionActions, Screen[None]):
         self._activate_on_ready = activate
         self._loading_name = self._model_name(profile)
         self.query_one(LivePanel).model_loading(0.0, self._loading_name)
-        self._load(profile, self._load_id, self._load_cancel)
+        self._load(profile, self._load_id, self._load_cancel, force)
 
     @work(thread=True, exclusive=True, group="generation")
-    def _load(self, profile: Profile, load_id: int, cancel: threading.Event) -> None:
-        run_load(self.app.host, profile, self.post_message, cancel, load_id)
+    def _load(self, profile: Profile, load_id: int, cancel: threading.Event, force: bool = False) -> None:
+        run_load(self.app.host, profile, self.post_message, cancel, load_id, force)
 
     def _model_name(self, profile: Profile) -> str:
         path = profile.model.path
@@ -168,7 +171,33 @@ class ChatScreen(SessionActions, Screen[None]):
             panel.model_failed(msg.reason)
             self.query_one("#preview-line", Static).update("[b $error]no model loaded[/]")
             body = msg.reason
+        if msg.refused is not None:
+            self._offer_load_anyway(msg)
+            return
         self.app.push_screen(error_dialog("The model did not load", body))
+
+    def _offer_load_anyway(self, msg: ModelLoadFailed) -> None:
+        """The fit check refused the profile: show its table and let the user load anyway."""
+        refused, activate = msg.refused, self._activate_on_ready
+        assert refused is not None
+        still = f"\n\nStill running profile {msg.active.name!r}." if msg.active is not None else ""
+
+        def answer(load: bool | None) -> None:
+            if load:
+                self.reload_model(refused, activate=activate, force=True)
+
+        self.app.push_screen(
+            ConfirmDialog(
+                "The model may not fit in memory",
+                escape(
+                    f"{msg.fit_table}\n\n{msg.reason}{still}\n\nLoading it anyway can make the machine "
+                    "swap or stall."
+                ),
+                yes="Load anyway",
+                no="Cancel",
+            ),
+            answer,
+        )
 
     # -- sending ------------------------------------------------------------------------------
 

@@ -1,0 +1,210 @@
+"""`velo-chat doctor`: is this machine ready for the active profile? The llama.cpp build, the
+GPU, CuPy, memory and swap, the model's files, the fit table and the PLE table's page-cache
+residency, with what to do about each problem. Exit 0 when usable, 1 with the reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+from typing import Any
+
+from velo_chat.engine.engine import resolve_model_path
+from velo_chat.engine.fit import machine, report, residency
+from velo_chat.engine.fit.estimate import fmt
+from velo_chat.engine.fit.model_facts import read_facts
+from velo_chat.engine.gguf_file import GGUFError
+
+from .common import resolve_profile
+
+log = logging.getLogger(__name__)
+
+PLE_SYMBOL = "llama_model_set_ple_provider"  # the velo-chat PLE patch (packaging/patches)
+CUDA_DEV_ATTR_PAGEABLE_MEMORY_ACCESS = 88  # cudaDevAttrPageableMemoryAccess
+
+
+def _build() -> dict[str, Any]:
+    import llama_cpp
+    from llama_cpp import llama_cpp as ll
+
+    lib = ll._lib
+    info = ll.llama_print_system_info().decode("utf-8", errors="replace")
+    return {
+        "version": llama_cpp.__version__,
+        "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+        "cuda": "CUDA" in info or hasattr(lib, "ggml_backend_cuda_init"),
+        "ple_patch": hasattr(lib, PLE_SYMBOL),
+        "system_info": info.strip(" |"),
+    }
+
+
+def _pageable_memory_access() -> bool | None:
+    """cudaDevAttrPageableMemoryAccess of device 0 (ATS / HMM): the GPU can read mmap'd host
+    memory in place. None without a CUDA runtime."""
+    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+        try:
+            cudart = ctypes.CDLL(name)
+        except OSError:
+            continue
+        value = ctypes.c_int(0)
+        if cudart.cudaDeviceGetAttribute(ctypes.byref(value), CUDA_DEV_ATTR_PAGEABLE_MEMORY_ACCESS, 0) == 0:
+            return bool(value.value)
+        return None
+    return None
+
+
+def _cupy() -> dict[str, Any]:
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001 - not installed, or its CUDA libraries missing
+        return {"installed": False, "version": None, "nvrtc": False, "error": str(exc).splitlines()[0]}
+    out: dict[str, Any] = {"installed": True, "version": cupy.__version__, "nvrtc": False, "error": None}
+    try:
+        kernel = cupy.RawKernel(
+            'extern "C" __global__ void velo_probe(float *x) { x[0] = 1.0f; }', "velo_probe"
+        )
+        kernel.compile()
+        out["nvrtc"] = True
+    except Exception as exc:  # noqa: BLE001 - no GPU, no NVRTC, an arch NVRTC does not know
+        out["error"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return out
+
+
+def collect(profile_name: str | None) -> dict[str, Any]:
+    """Everything doctor reports, as one JSON-able dict (every key always present)."""
+    profile = resolve_profile(profile_name)
+    build = _build()
+    gpus = machine.gpus()
+    gpu = gpus[0] if gpus else None
+    mem = machine.meminfo()
+    problems: list[str] = []
+    advice: list[str] = []
+    out: dict[str, Any] = {
+        "llama_cpp": build,
+        "gpu": None
+        if gpu is None
+        else {
+            "name": gpu.name,
+            "driver": gpu.driver,
+            "total": gpu.total,
+            "free": gpu.free,
+            "integrated": gpu.integrated,
+        },
+        "pageable_memory_access": _pageable_memory_access() if build["cuda"] else None,
+        "cupy": _cupy()
+        if build["cuda"]
+        else {"installed": None, "version": None, "nvrtc": None, "error": "no CUDA"},
+        "memory": {
+            "total": mem.total,
+            "available": mem.available,
+            "swap_total": mem.swap_total,
+            "swap_free": mem.swap_free,
+        },
+        "profile": profile.name,
+        "model": {"path": None, "shards": [], "ok": False, "error": None},
+        "fit": None,
+        "ple_residency": None,
+    }
+    if profile.model.n_gpu_layers != 0 and not build["gpu_offload"]:
+        advice.append(
+            "this llama.cpp build is CPU-only: n_gpu_layers is ignored (packaging/ builds a CUDA one)"
+        )
+    if gpu is not None and gpu.integrated and mem.swap_total:
+        advice.append(
+            "swap is on: on unified memory a model that overflows swaps instead of failing (swapoff -a)"
+        )
+    try:
+        path = resolve_model_path(profile)
+        facts = read_facts(path)
+    except (GGUFError, OSError, ValueError) as exc:
+        out["model"]["error"] = str(exc).splitlines()[0]
+        problems.append(f"model: {out['model']['error']}")
+        return _finish(out, problems, advice)
+    out["model"] = {
+        "path": str(path),
+        "shards": [{"path": str(s.path), "present": s.path.exists(), "bytes": s.size} for s in facts.shards],
+        "ok": True,
+        "error": None,
+    }
+    found = report.check(profile, path, machine.Machine(mem, build["gpu_offload"], gpu))
+    out["fit"] = found.to_json()
+    out["fit"]["table"] = found.table()
+    if not found.fits:
+        problems.append(f"fit: {found.summary()}")
+        advice.extend(f"to fit: {s}" for s in found.suggestions)
+    elif found.page_cache and not found.cache_fits:
+        advice.append(
+            "the PLE table cannot stay in the page cache beside the rest: decode will read it from disk"
+        )
+    if facts.ple_bytes and facts.ple_shard is not None:
+        res = residency.resident(facts.ple_shard, facts.ple_offset, facts.ple_bytes)
+        out["ple_residency"] = res.to_json()
+        if res.fraction < 0.9:
+            advice.append(
+                f"the PLE table is {res.fraction:.0%} in the page cache: the first turns read it from disk"
+            )
+    return _finish(out, problems, advice)
+
+
+def _finish(out: dict[str, Any], problems: list[str], advice: list[str]) -> dict[str, Any]:
+    out["usable"] = not problems
+    out["problems"] = problems
+    out["recommendations"] = advice
+    return out
+
+
+def _text(d: dict[str, Any]) -> str:
+    b = d["llama_cpp"]
+    kind = "CUDA" if b["cuda"] else "CPU"
+    lines = [
+        f"llama.cpp      {b['version']} ({kind} build, PLE patch {'yes' if b['ple_patch'] else 'no'})",
+        f"               {b['system_info']}",
+    ]
+    g = d["gpu"]
+    if g is None:
+        lines.append("GPU            none found (nvidia-smi)")
+    else:
+        mem = "unified memory" if g["integrated"] else f"{fmt(g['free'] or 0)} free of {fmt(g['total'] or 0)}"
+        lines.append(f"GPU            {g['name']}, driver {g['driver']}, {mem}")
+    if d["pageable_memory_access"] is not None:
+        lines.append(f"pageable mem   {'yes (ATS/HMM)' if d['pageable_memory_access'] else 'no'}")
+    c = d["cupy"]
+    if c["installed"] is not None:
+        cupy = (
+            f"{c['version']}, NVRTC {'compiles' if c['nvrtc'] else 'fails'}"
+            if c["installed"]
+            else "not installed"
+        )
+        lines.append(f"CuPy           {cupy}" + (f" ({c['error']})" if c["error"] and c["installed"] else ""))
+    m = d["memory"]
+    lines.append(
+        f"memory         {fmt(m['available'])} available of {fmt(m['total'])}; swap "
+        + (f"{fmt(m['swap_free'])} free of {fmt(m['swap_total'])}" if m["swap_total"] else "off")
+    )
+    lines.append(f"profile        {d['profile']}")
+    model = d["model"]
+    if model["ok"]:
+        for s in model["shards"]:
+            lines.append(f"model file     {s['path']} ({fmt(s['bytes'])})")
+    else:
+        lines.append(f"model          {model['error']}")
+    if d["fit"] is not None:
+        lines.append(d["fit"]["table"])
+    r = d["ple_residency"]
+    if r is not None:
+        lines.append(
+            f"PLE table      {r['fraction']:.0%} in the page cache "
+            f"({fmt(r['resident'])} of {fmt(r['bytes'])})"
+        )
+    lines.extend(f"problem: {p}" for p in d["problems"])
+    lines.extend(f"advice:  {a}" for a in d["recommendations"])
+    lines.append("usable" if d["usable"] else "NOT usable")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    d = collect(args.doctor_profile or args.profile)
+    print(json.dumps(d, indent=2) if args.json else _text(d))
+    return 0 if d["usable"] else 1

@@ -1,0 +1,277 @@
+"""The memory a profile needs, term by term, from the model's headers (`ModelFacts`).
+
+Each term says how many bytes, where they live (RAM, GPU memory, or the page cache) and the
+arithmetic, so the table can be followed by hand. The formulas follow llama.cpp's allocations:
+
+- weights: the tensor sizes of each layer, on the device llama.cpp puts that layer on
+  (`n_gpu_layers` = the last N layers plus the output layer; the input embeddings stay on the CPU);
+- KV cache: n_ctx (rounded up to 256) x, per attention layer, one K row and one V row of the
+  cache types; recurrent layers keep none (plus qwen4exp's indexer keys, one K row per layer);
+- recurrent state: (conv + ssm state values) x 4 bytes per recurrent layer, x n_seq x (1 + n_rs_seq);
+- compute buffers: an estimate (see `compute_bytes`), checked against llama.cpp on the CPU;
+- checkpoints: the RAM budget plus the two states that may go past it (docs/checkpoints.md);
+- the PLE table: read into RAM, or kept on lazy mmap (page cache: reclaimable, but decode slows
+  when it is evicted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config.profile_schema import Profile
+from .model_facts import ModelFacts
+
+GIB = 1 << 30
+MIB = 1 << 20
+N_CTX_PAD = 256  # llama.cpp pads n_ctx to this
+LAZY_AUTO_MIN = 4 * GIB  # lazy_mode "auto" keeps a PLE table this large on mmap
+CUDA_CONTEXT = 512 * MIB  # the CUDA runtime's own context and kernels (an estimate)
+RESERVE = 1 * GIB  # kept free: a machine with nothing available stalls instead of failing
+
+# bytes per value (ggml block size / block bytes) of the KV cache types
+KV_TYPE_BYTES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
+
+RAM, GPU, CACHE = "RAM", "GPU", "page cache"
+
+
+@dataclass(frozen=True)
+class Term:
+    key: str  # stable name (JSON, tests)
+    label: str
+    bytes: int
+    place: str  # RAM, GPU or page cache
+    formula: str  # the arithmetic, in words and numbers
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "bytes": self.bytes,
+            "place": self.place,
+            "formula": self.formula,
+        }
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    block, size = KV_TYPE_BYTES[type_name]
+    return n // block * size
+
+
+def fmt(n: float) -> str:
+    """Bytes for people: MiB below a GiB, GiB above."""
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.2f} MiB"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which layers llama.cpp puts on the GPU (llama-model.cpp: `i_gpu_start`)."""
+
+    n_layer: int
+    n_gpu_layers: int  # as resolved: 0 without GPU offload
+
+    @classmethod
+    def of(cls, n_layer: int, setting: int, offload: bool) -> Placement:
+        if not offload:
+            return cls(n_layer, 0)
+        return cls(n_layer, n_layer + 1 if setting < 0 else min(setting, n_layer + 1))
+
+    def on_gpu(self, il: int) -> bool:
+        """Layer `il` (n_layer = the output layer) on the GPU?"""
+        return il >= self.n_layer + 1 - self.n_gpu_layers
+
+    @property
+    def any_gpu(self) -> bool:
+        return self.n_gpu_layers > 0
+
+
+def n_ctx_of(profile: Profile, facts: ModelFacts) -> int:
+    n = profile.context.n_ctx or facts.n_ctx_train or 4096
+    return -(-n // N_CTX_PAD) * N_CTX_PAD
+
+
+def n_rs_seq_of(profile: Profile) -> int:
+    """Recurrent-state snapshots per sequence, if the profile has such a setting."""
+    return int(getattr(profile.context, "n_rs_seq", 0) or 0)
+
+
+def flash_attn_on(profile: Profile) -> bool:
+    return profile.context.flash_attn != "off"  # "auto" enables it on the CPU and on CUDA
+
+
+def ple_lazy(profile: Profile, facts: ModelFacts, integrated_gpu: bool) -> bool:
+    """Whether llama.cpp keeps the PLE table on lazy mmap: "on" always; "auto" when it is over
+    4 GiB, except on an integrated GPU, where llama.cpp turns lazy reading off."""
+    mode = profile.model.lazy_ple
+    if not facts.ple_bytes or mode == "off":
+        return False
+    return mode == "on" or (facts.ple_bytes > LAZY_AUTO_MIN and not integrated_gpu)
+
+
+def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int) -> tuple[int, str]:
+    """llama.cpp's compute buffer, estimated. The graph allocator reuses memory, so the buffer
+    is the larger of two peaks: the logits of a full micro-batch (n_ubatch x n_vocab f32, plus
+    8 bytes per embedding value and token), and an attention layer's scratch per (cached token,
+    batch token) pair: the f16 mask (2 B), f32 scores per head without flash attention (4 B x
+    n_head), f32 indexer scores per indexer head (qwen4exp), and about 1.5 B (3.5 B without flash
+    attention) of temporaries, a figure measured on llama.cpp's CPU backend."""
+    ub = min(profile.context.n_ubatch, profile.context.n_batch)
+    fa = flash_attn_on(profile)
+    logits = ub * (4 * facts.n_vocab + 8 * facts.n_embd)
+    if not facts.kv_layers:
+        return logits, f"logits {ub} x ({facts.n_vocab:,} x 4 B + {facts.n_embd} x 8 B)"
+    idx = 4 * facts.indexer_heads if facts.indexer_key_length else 0
+    per_pair = 2 + (0 if fa else 4 * facts.n_head) + idx + (1.5 if fa else 3.5)
+    attn = int(n_ctx * ub * per_pair) + ub * 8 * facts.n_embd
+    formula = (
+        f"max(logits {ub} x ({facts.n_vocab:,} x 4 B + {facts.n_embd} x 8 B) = {fmt(logits)}, "
+        f"attention {n_ctx:,} x {ub} x {per_pair:g} B = {fmt(attn)})"
+    )
+    return max(logits, attn), formula
+
+
+def estimate(
+    profile: Profile,
+    facts: ModelFacts,
+    *,
+    gpu_offload: bool = False,
+    integrated_gpu: bool = False,
+) -> list[Term]:
+    """Every term of the memory the profile needs. `gpu_offload`: the llama.cpp build can put
+    layers on a GPU; `integrated_gpu`: that GPU allocates from system RAM (its terms still say
+    GPU; the report compares them with MemAvailable)."""
+    place = Placement.of(facts.n_layer, profile.model.n_gpu_layers, gpu_offload)
+    lazy = ple_lazy(profile, facts, integrated_gpu and place.any_gpu)
+    terms: list[Term] = []
+    ctx = profile.context
+    n_ctx = n_ctx_of(profile, facts)
+    n_seq = 1  # the engine runs one sequence
+
+    # -- weights
+    gpu_layers = [il for il in range(facts.n_layer) if place.on_gpu(il)]
+    cpu_layers = [il for il in range(facts.n_layer) if not place.on_gpu(il)]
+    out_gpu = place.on_gpu(facts.n_layer)
+    cpu_w = facts.input_bytes + sum(facts.layer_bytes[il] for il in cpu_layers)
+    cpu_w += 0 if out_gpu else facts.output_bytes
+    how = "mmap, must stay in the page cache" if profile.model.use_mmap else "read into RAM"
+    terms.append(
+        Term(
+            "weights_cpu",
+            f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'} + input)",
+            cpu_w,
+            RAM,
+            f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s); {how}",
+        )
+    )
+    if place.any_gpu:
+        gpu_w = sum(facts.layer_bytes[il] for il in gpu_layers) + (facts.output_bytes if out_gpu else 0)
+        tied = out_gpu and facts.tied_output
+        gpu_w += facts.token_embd_bytes if tied else 0
+        terms.append(
+            Term(
+                "weights_gpu",
+                f"weights on the GPU ({len(gpu_layers)} layers{' + output' if out_gpu else ''})",
+                gpu_w,
+                GPU,
+                f"n_gpu_layers {profile.model.n_gpu_layers}: layers {gpu_layers[0] if gpu_layers else '-'}"
+                f"..{facts.n_layer - 1}" + (" (+ token_embd again: tied output head)" if tied else ""),
+            )
+        )
+    if facts.ple_bytes:
+        if lazy:
+            terms.append(
+                Term(
+                    "ple", "PLE table (lazy mmap)", facts.ple_bytes, CACHE, "rows read on demand; reclaimable"
+                )
+            )
+        else:
+            terms.append(
+                Term(
+                    "ple",
+                    "PLE table (read at load)",
+                    facts.ple_bytes,
+                    RAM,
+                    f"lazy_ple {profile.model.lazy_ple!r}",
+                )
+            )
+
+    # -- KV cache: attention layers only
+    kv_cpu = kv_gpu = 0
+    for il, kw, vw in zip(facts.kv_layers, facts.kv_k_width, facts.kv_v_width, strict=True):
+        per_cell = row_bytes(ctx.type_k, kw) + row_bytes(ctx.type_v, vw)
+        if facts.indexer_key_length and facts.indexer_heads:
+            per_cell += row_bytes(ctx.type_k, facts.indexer_key_length)
+        if place.on_gpu(il):
+            kv_gpu += n_ctx * n_seq * per_cell
+        else:
+            kv_cpu += n_ctx * n_seq * per_cell
+    if facts.kv_layers:
+        kw0, vw0 = facts.kv_k_width[0], facts.kv_v_width[0]
+        formula = (
+            f"{n_ctx:,} cells x {len(facts.kv_layers)} attention layers of {facts.n_layer} x "
+            f"(K {kw0} x {ctx.type_k} + V {vw0} x {ctx.type_v}"
+            + (f" + indexer K {facts.indexer_key_length} x {ctx.type_k}" if facts.indexer_key_length else "")
+            + ")"
+        )
+        for key, nbytes, where in (("kv_cpu", kv_cpu, RAM), ("kv_gpu", kv_gpu, GPU)):
+            if nbytes:
+                terms.append(
+                    Term(key, f"KV cache ({where if where == GPU else 'CPU'})", nbytes, where, formula)
+                )
+
+    # -- recurrent state
+    rows = n_seq * (1 + n_rs_seq_of(profile))
+    rs_cpu = rs_gpu = 0
+    ple_layer_state = facts.ple_conv_state * 4 * rows
+    for i, il in enumerate(facts.recurrent_layers):
+        nbytes = (facts.n_embd_r + facts.n_embd_s) * 4 * rows + (ple_layer_state if i == 0 else 0)
+        if place.on_gpu(il):
+            rs_gpu += nbytes
+        else:
+            rs_cpu += nbytes
+    if facts.recurrent_layers:
+        formula = (
+            f"{len(facts.recurrent_layers)} recurrent layers x (conv {facts.n_embd_r:,} + ssm "
+            f"{facts.n_embd_s:,}) x 4 B x {n_seq} seq x (1 + n_rs_seq {rows // n_seq - 1})"
+            + (f" + PLE conv {facts.ple_conv_state:,} x 4 B" if facts.ple_conv_state else "")
+        )
+        for key, nbytes, where in (("rs_cpu", rs_cpu, RAM), ("rs_gpu", rs_gpu, GPU)):
+            if nbytes:
+                terms.append(
+                    Term(key, f"recurrent state ({where if where == GPU else 'CPU'})", nbytes, where, formula)
+                )
+
+    # -- output and compute buffers
+    terms.append(Term("output", "logits output", facts.n_vocab * 4 * n_seq, RAM, f"{facts.n_vocab:,} x 4 B"))
+    comp, formula = compute_bytes(profile, facts, n_ctx)
+    if out_gpu:
+        terms.append(
+            Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula + " (not yet checked on a GPU)")
+        )
+        host = min(ctx.n_ubatch, ctx.n_batch) * facts.n_embd * 4 * 4
+        terms.append(
+            Term(
+                "compute_cpu",
+                "compute buffer (CPU side)",
+                host,
+                RAM,
+                "n_ubatch x n_embd x 16 B (input embeddings)",
+            )
+        )
+        terms.append(Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"))
+    else:
+        terms.append(Term("compute_cpu", "compute buffer (CPU)", comp, RAM, formula))
+
+    # -- checkpoints
+    cp = profile.checkpoints
+    if cp.enabled:
+        state = kv_cpu + kv_gpu + rs_cpu + rs_gpu
+        terms.append(
+            Term(
+                "checkpoints",
+                "checkpoints in RAM",
+                cp.ram_budget_mib * MIB + 2 * state,
+                RAM,
+                f"ram_budget_mib {cp.ram_budget_mib:,} + 2 states past it x {fmt(state)} (KV + recurrent)",
+            )
+        )
+    return terms

@@ -1,0 +1,120 @@
+"""What the machine has: memory from /proc/meminfo, the GPU from nvidia-smi, the llama.cpp build.
+
+`MemAvailable` is the kernel's own estimate of what can be allocated without swapping (free
+memory plus the page cache and slab it can reclaim); it is the figure the fit check compares
+with. On a GPU with unified memory (DGX Spark's GB10) the GPU allocates from the same RAM and
+CUDA's free-memory figure is not the one to trust, so the whole estimate is compared with
+`MemAvailable`; on a discrete GPU the GPU's terms are compared with its free memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MEMINFO = Path("/proc/meminfo")
+
+
+@dataclass(frozen=True)
+class MemInfo:
+    total: int
+    available: int
+    swap_total: int
+    swap_free: int
+    cached: int
+
+
+def meminfo(path: Path = MEMINFO) -> MemInfo:
+    """Bytes from /proc/meminfo (zeros where a field is missing)."""
+    fields: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[name] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return MemInfo(
+        total=fields.get("MemTotal", 0),
+        available=fields.get("MemAvailable", fields.get("MemFree", 0)),
+        swap_total=fields.get("SwapTotal", 0),
+        swap_free=fields.get("SwapFree", 0),
+        cached=fields.get("Cached", 0),
+    )
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    total: int | None  # bytes; None where nvidia-smi reports none (unified memory)
+    free: int | None
+    driver: str
+    integrated: bool  # shares the system RAM (GB10): compare with MemAvailable
+
+
+def _mib(value: str) -> int | None:
+    value = value.strip()
+    return int(float(value)) << 20 if value.replace(".", "", 1).isdigit() else None
+
+
+def gpus(timeout: float = 5.0) -> list[Gpu]:
+    """The NVIDIA GPUs nvidia-smi lists (none when it is absent or fails)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    query = "name,memory.total,memory.free,driver_version"
+    try:
+        out = subprocess.run(
+            [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.info("nvidia-smi failed: %s", exc)
+        return []
+    found = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        total, free = _mib(parts[1]), _mib(parts[2])
+        # GB10 (DGX Spark) has no memory of its own: nvidia-smi reports "[N/A]".
+        integrated = total is None or "GB10" in parts[0]
+        found.append(Gpu(parts[0], total, free, parts[3], integrated))
+    return found
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the fit check compares with."""
+
+    mem: MemInfo
+    gpu_offload: bool  # the llama.cpp build can put layers on a GPU
+    gpu: Gpu | None  # the first GPU, if any
+
+    @property
+    def unified(self) -> bool:
+        """GPU allocations come out of system RAM (or there is no GPU)."""
+        return self.gpu is None or self.gpu.integrated or not self.gpu_offload
+
+
+def llama_gpu_offload() -> bool:
+    """Whether the installed llama.cpp can offload layers to a GPU (a CUDA/Metal/... build)."""
+    from llama_cpp import llama_cpp as ll
+
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def probe() -> Machine:
+    offload = llama_gpu_offload()
+    found = gpus() if offload else []
+    return Machine(meminfo(), offload, found[0] if found else None)

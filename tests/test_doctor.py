@@ -1,0 +1,83 @@
+"""`velo-chat doctor`: every field of its JSON on this (CPU) machine, its exit codes, and the
+page-cache residency check on a file evicted with posix_fadvise(DONTNEED)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from velo_chat.engine.config import locations
+from velo_chat.engine.fit import residency
+
+from tests.support.engine_helpers import run_cli
+
+FIELDS = {
+    "llama_cpp",
+    "gpu",
+    "pageable_memory_access",
+    "cupy",
+    "memory",
+    "profile",
+    "model",
+    "fit",
+    "ple_residency",
+    "usable",
+    "problems",
+    "recommendations",
+}
+
+
+def _profile(name: str, model: Path, extra: str = "") -> None:
+    folder = locations.user_profiles_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.toml").write_text(f'[model]\npath = "{model}"\n{extra}', encoding="utf-8")
+
+
+def test_doctor_json_has_every_field_and_the_fit_table(qwen_path: Path):
+    _profile("tiny", qwen_path)
+    result = run_cli("doctor", "--profile", "tiny", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    d = json.loads(result.stdout)
+    assert set(d) == FIELDS
+    assert {"version", "gpu_offload", "cuda", "ple_patch", "system_info"} <= set(d["llama_cpp"])
+    assert d["memory"]["available"] > 0 and d["memory"]["total"] >= d["memory"]["available"]
+    assert d["model"]["ok"] and d["model"]["shards"][0]["bytes"] == qwen_path.stat().st_size
+    assert d["fit"]["fits"] and "verdict: fits" in d["fit"]["table"]
+    assert {t["key"] for t in d["fit"]["terms"]} >= {"weights_cpu", "ple", "kv_cpu", "rs_cpu", "compute_cpu"}
+    ple = d["ple_residency"]  # the tiny model has a PLE table
+    assert ple["bytes"] > 0 and 0 <= ple["resident"] <= ple["bytes"]
+    assert d["usable"] and d["problems"] == []
+
+
+def test_doctor_exits_1_with_the_reason_when_the_model_is_missing(tmp_path: Path):
+    _profile("gone", tmp_path / "missing.gguf")
+    result = run_cli("doctor", "--profile", "gone")
+    assert result.returncode == 1
+    assert "model file not found" in result.stdout and "NOT usable" in result.stdout
+
+
+def test_doctor_exits_1_when_the_model_does_not_fit(smollm2_path: Path):
+    _profile("huge", smollm2_path, "[checkpoints]\nram_budget_mib = 1048576\n")
+    result = run_cli("doctor", "--profile", "huge", "--json")
+    assert result.returncode == 1
+    d = json.loads(result.stdout)
+    assert not d["fit"]["fits"] and d["problems"] and d["problems"][0].startswith("fit: ")
+
+
+def test_residency_sees_a_file_read_and_then_evicted(tmp_path: Path):
+    path = tmp_path / "table.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # written back: clean pages are what DONTNEED drops
+        while os.read(fd, 1 << 20):  # read it all: in the page cache now
+            pass
+        whole = residency.resident(path)
+        assert whole.length == 4 << 20 and whole.fraction == 1.0
+        part = residency.resident(path, offset=1000, length=10_000)  # a range inside pages
+        assert part.resident == 10_000
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert residency.resident(path).fraction < 0.5
