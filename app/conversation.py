@@ -84,7 +84,9 @@ class RecordedTurn:
                 self._update(content="".join(self.text), reasoning="".join(self.reasoning))
                 self._last_flush = now
         elif isinstance(event, TurnDone):
-            status = "interrupted" if event.stats.finish_reason == "cancelled" else "complete"
+            # cancelled by the user, or cut by a remote server: what came is kept, marked so
+            cut = event.stats.finish_reason in ("cancelled", "interrupted")
+            status = "interrupted" if cut else "complete"
             self._update(
                 content=event.text,
                 reasoning=event.reasoning,

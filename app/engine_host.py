@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 
 from velo_chat.engine.api import EngineAPI
+from velo_chat.engine.backends import make_engine
 from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ EngineFactory = Callable[[Profile], EngineAPI]
 
 
 def real_engine(profile: Profile) -> EngineAPI:
-    return Engine(profile)
+    return make_engine(profile)
 
 
 class EngineHost:

@@ -10,6 +10,7 @@ from velo_chat.engine.gguf_file import GGUFError
 from velo_chat.engine.llama_context import ContextCreateError
 from velo_chat.engine.llama_model import ModelLoadError
 from velo_chat.engine.config.profiles import ProfileError
+from velo_chat.engine.remote.errors import RemoteError
 from velo_chat.store import StoreError
 from velo_chat.store.input_text import BinaryInput
 
@@ -30,4 +31,5 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     DoesNotFit,
     StoreError,
     BinaryInput,
+    RemoteError,
 )

@@ -107,6 +107,8 @@ class TurnStats:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     reasoning_tokens: int = 0  # of decode_tokens, those of the reasoning (markers included)
     first_answer_s: float | None = None  # from the start of the turn to the first answer text
+    backend: str = "local"  # "local" (this process) or "remote" (an OpenAI-compatible server)
+    server: dict[str, Any] = field(default_factory=dict)  # what a remote server reported
 
     @property
     def answer_tokens(self) -> int:
@@ -131,6 +133,8 @@ class TurnStats:
             "reasoning_tokens": self.reasoning_tokens,
             "answer_tokens": self.answer_tokens,
             "first_answer_s": None if self.first_answer_s is None else round(self.first_answer_s, 4),
+            "backend": self.backend,
+            **({"server": dict(self.server)} if self.server else {}),
         }
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from velo_chat.engine.api import EngineAPI, TurnHandle
 from velo_chat.engine.engine import Engine, Turn
+from velo_chat.engine.remote.engine import RemoteEngine
 
 from tests.support.fake_engine import FakeEngine
 
@@ -33,7 +34,9 @@ def _params(fn) -> list[tuple[str, object, object]]:
     return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
 
 
-@pytest.mark.parametrize("impl", [Engine, FakeEngine], ids=["Engine", "FakeEngine"])
+@pytest.mark.parametrize(
+    "impl", [Engine, RemoteEngine, FakeEngine], ids=["Engine", "RemoteEngine", "FakeEngine"]
+)
 @pytest.mark.parametrize("name", _members(EngineAPI))
 def test_each_engine_implements_the_protocol_member_with_its_signature(impl, name):
     want = getattr(EngineAPI, name)

@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Iterable
 
-from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
+from velo_chat.engine.events import EngineEvent, EngineWarning, TokenDelta, TurnDone, TurnFailed
 from velo_chat.store.input_text import clean_text, decode_text
 
 from ..conversation import last_user_message, record, start_turn
@@ -52,6 +52,9 @@ def _stream(events: Iterable[EngineEvent], quiet: bool) -> tuple[TurnDone | None
                     reasoned = False
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
+        elif isinstance(event, EngineWarning):
+            sys.stderr.write(("\n" if reasoned else "") + f"velo-chat: warning: {event.message}\n")
+            reasoned = False
         elif isinstance(event, TurnDone):
             done = event
         elif isinstance(event, TurnFailed):
@@ -84,10 +87,13 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError("the session has no user message to regenerate or edit")
             prompt = prompt if prompt is not None else last.content
         assert prompt is not None  # read above, or the session's last question
-        with load_engine(profile, args.model, quiet=args.json) as engine:
+        engine = load_engine(profile, args.model, quiet=args.json)
+        try:
             started = start_turn(store, engine, session=session, profile=profile, text=prompt, rewind=rewind)
             session = started.session
             done, failed = _stream(record(started.events, started.recorded), args.json)
+        finally:
+            engine.close()
     if failed is not None:
         raise UserError(f"the turn failed: {failed.reason}")
     if done is None:  # the engine's contract says this cannot happen; never a bare assert
@@ -110,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the reply was printed but not saved: {started.recorded.save_error}")
     if warning:
         print(warning, file=sys.stderr)
+    if done.stats.finish_reason == "interrupted":  # a remote stream cut mid-reply: kept, marked so
+        raise UserError(f"the reply was cut; what arrived is saved in session {session.id[:8]} (interrupted)")
     if done.stats.finish_reason == "context":
         print(
             f"velo-chat: warning: the reply stopped at the end of the context "

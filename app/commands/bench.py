@@ -7,6 +7,7 @@ import json
 import sys
 
 from velo_chat.engine.bench.run import format_table, run_bench
+from velo_chat.engine.engine import Engine
 
 from ..errors import UserError
 from .common import load_engine, resolve_profile
@@ -33,7 +34,11 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"\r\033[Kbench: {text}")
             sys.stderr.flush()
 
-    with load_engine(profile, args.model, quiet=args.json) as engine:
+    if profile.backend.kind == "remote":
+        raise UserError("velo-chat bench measures the local engine; for a remote server see docs/remote.md")
+    engine = load_engine(profile, args.model, quiet=args.json)
+    assert isinstance(engine, Engine)
+    with engine:
         result = run_bench(
             engine,
             profile_name=profile.name,

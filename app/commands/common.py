@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from velo_chat.engine.config import locations
-from velo_chat.engine.engine import Engine
+from velo_chat.engine.api import EngineAPI
+from velo_chat.engine.backends import make_engine
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
@@ -52,9 +53,11 @@ def override_sampling(
     return dataclasses.replace(profile, sampling=dataclasses.replace(profile.sampling, **changes))
 
 
-def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> Engine:
-    """Load the engine, showing load progress on stderr when it is a terminal."""
-    engine = Engine(profile, model_path=model)
+def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAPI:
+    """Load the profile's engine (local or remote), showing progress on stderr when it is a
+    terminal. The caller closes it (`close()`)."""
+    engine = make_engine(profile, model_path=model)
+    label = profile.backend.base_url if profile.backend.kind == "remote" else engine_label(profile, model)
     show = not quiet and sys.stderr.isatty()
     last = [-1]
 
@@ -62,13 +65,21 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> Engine:
         progress = getattr(event, "progress", None)
         if show and progress is not None and int(progress * 20) != last[0]:
             last[0] = int(progress * 20)
-            sys.stderr.write(f"\rloading {engine.model_path.name} {progress:4.0%}")
+            sys.stderr.write(f"\rloading {label} {progress:4.0%}")
             sys.stderr.flush()
 
     try:
         check_fit(engine)  # the memory it needs, before any is taken (--force: load anyway)
         engine.load(on_event)
+    except BaseException:
+        engine.close()
+        raise
     finally:
         if show:
             sys.stderr.write("\r\033[K")
     return engine
+
+
+def engine_label(profile: Profile, model: str | None) -> str:
+    raw = model or profile.model.path
+    return "the default model" if raw == "default" else raw.rstrip("/").rsplit("/", 1)[-1]

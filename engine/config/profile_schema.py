@@ -43,6 +43,52 @@ def value_type(f: Any) -> type:
 
 
 @dataclass(frozen=True)
+class BackendSettings:
+    """Where the model runs: in this process, or behind an OpenAI-compatible server (llama.cpp's
+    llama-server, vLLM, ... running on other machines, docs/remote.md)."""
+
+    kind: str = setting(
+        "local",
+        '"local": llama.cpp in this process ([model] and [context] apply). "remote": an '
+        "OpenAI-compatible chat-completions server at `base_url` (needs the `remote` extra: "
+        "pip install 'velo-chat[remote]').",
+        choices=("local", "remote"),
+        reload="model",
+    )
+    base_url: str = setting(
+        "",
+        'The server\'s API root, e.g. "http://spark-1:8080/v1" (llama-server) or '
+        '"http://spark-1:8000/v1" (vLLM). Remote only.',
+        reload="model",
+    )
+    model: str = setting(
+        "",
+        "The model name the server knows (its /v1/models list); empty: the server's only or "
+        "first model. Remote only.",
+        reload="model",
+    )
+    api_key_env: str = setting(
+        "",
+        "The name of an environment variable holding the API key (the key itself is never "
+        "written to a profile, a session, an export or a log); empty: no key. Remote only.",
+        reload="model",
+    )
+    timeout_s: float = setting(
+        600.0,
+        "Seconds to wait for the server to answer and between two streamed chunks. Remote only.",
+        min=1.0,
+        max=86400.0,
+    )
+    max_retries: int = setting(
+        3,
+        "Retries, with backoff, when the server is busy (429), failing (5xx) or unreachable, "
+        "before a turn gives up. Remote only.",
+        min=0,
+        max=10,
+    )
+
+
+@dataclass(frozen=True)
 class ModelSettings:
     """Which GGUF to load and how its weights are placed."""
 
@@ -66,6 +112,18 @@ class ModelSettings:
         "it on mmap and reads rows on demand (what a Spark needs: llama.cpp turns it off on "
         'integrated GPUs), "off" reads it all up front, "auto" lets llama.cpp decide.',
         choices=("off", "auto", "on"),
+        reload="model",
+    )
+    ple_gather: str = setting(
+        "auto",
+        "Where a qwen4exp model's per-layer n-gram embedding rows (PLE) are gathered: "
+        '"gpu" on the GPU by the velo-chat CUDA kernel, inside the llama.cpp GPU graph, with the '
+        "token-embedding table on the GPU too (a fully offloaded decode step is then one GPU "
+        'graph split), "stock" by llama.cpp on the CPU. "auto": "gpu" when llama.cpp is built '
+        "with CUDA (and the PLE patch), CuPy works, the model has a PLE table and its PLE layer "
+        'is on the GPU; otherwise "stock". If the GPU path cannot start, the log says why and '
+        "the model runs stock (docs/ple.md).",
+        choices=("auto", "gpu", "stock"),
         reload="model",
     )
     gpu_wait: str = setting(
@@ -271,6 +329,7 @@ class Profile:
     name: str
     description: str = ""
     system_prompt: str = ""
+    backend: BackendSettings = field(default_factory=BackendSettings)
     model: ModelSettings = field(default_factory=ModelSettings)
     context: ContextSettings = field(default_factory=ContextSettings)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)

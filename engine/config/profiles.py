@@ -135,6 +135,12 @@ def build_profile(name: str, data: dict[str, Any]) -> Profile:
 
 def validate_profile(profile: Profile) -> None:
     """Checks that span fields; each field's own range is checked when it is parsed."""
+    backend = profile.backend
+    if backend.kind == "remote" and not backend.base_url.startswith(("http://", "https://")):
+        raise ProfileError(
+            f"profile {profile.name!r}: backend.base_url must be an http:// or https:// URL "
+            f"for a remote backend (got {backend.base_url!r})"
+        )
     ctx = profile.context
     if ctx.n_ubatch > ctx.n_batch:
         raise ProfileError(

@@ -23,7 +23,7 @@ from ...sysinfo import memory_probe as default_memory_probe
 from .meter import DecodeMeter
 
 MemoryProbe = Callable[[], tuple[int | None, int | None]]
-SOURCES = {"live": "live", "ram": "RAM", "disk": "disk", "none": "cold"}
+SOURCES = {"live": "live", "ram": "RAM", "disk": "disk", "none": "cold", "server": "server"}
 
 
 def _mib(n: int | None) -> str:
@@ -162,8 +162,13 @@ class LivePanel(Vertical):
         if stats is not None:
             self.ttft = stats.ttft_s
             self.n_reasoning, self.first_answer = stats.reasoning_tokens, stats.first_answer_s
-            self.graphs = f"{stats.graphs_reused:,}"
+            self.graphs = f"{stats.graphs_reused:,}" if stats.backend == "local" else "—"
             self.fill_tokens = stats.prompt_tokens + stats.decode_tokens
+            if stats.backend == "remote":  # known only once the server reported its numbers
+                source = "server" if stats.cached_tokens else "cold"
+                self.context_line = (
+                    f"cached {stats.cached_tokens:,} ({source})\nprefill {stats.prefill_tokens:,}"
+                )
             self._render_decode(final=stats.decode_tok_s)
             self._render_context()
         self.refresh_memory()

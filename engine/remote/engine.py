@@ -1,0 +1,380 @@
+"""`RemoteEngine`: `EngineAPI` over an OpenAI-compatible chat-completions server.
+
+A turn is one streamed `chat/completions` request. The request is sent by `turn()` itself, so
+everything that stops a turn before it starts — the server down, a wrong key, an unknown model,
+a server still busy after the retries — raises a one-line `RemoteError` before the app stores
+anything, and the user's text stays where it was. Once the stream runs, its events are the local
+engine's: `TurnStarted`, `PrefillProgress` (llama-server's `return_progress`), `TokenDelta`
+(answer and reasoning apart), `TurnDone` with stats from what the server reports (llama-server's
+`timings`, the final `usage` chunk of vLLM and others) and what the client measured (TTFT, tok/s).
+A stream cut in the middle, or a chunk that is not JSON, ends the turn with the text so far kept
+(`TurnDone`, finish "interrupted", after a warning); cancelling closes the stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ..chat_template import ChatMessage
+from ..config.profile_schema import Profile, ReasoningSettings, SamplingSettings
+from ..engine import Turn
+from ..events import (
+    EngineEvent,
+    EngineWarning,
+    ModelLoaded,
+    ModelLoading,
+    PrefillProgress,
+    ResumePreview,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+    TurnStarted,
+    TurnStats,
+)
+from ..thinking import ThinkingSupport, requested
+from .errors import RemoteError, describe, import_openai
+
+log = logging.getLogger(__name__)
+
+FINISH = {"stop": "stop", "length": "length", "eos": "stop", "tool_calls": "stop", "content_filter": "stop"}
+
+
+def api_key(profile: Profile) -> str | None:
+    """The key from the environment variable the profile names (None: no key configured)."""
+    name = profile.backend.api_key_env.strip()
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise RemoteError(f"the environment variable {name} (backend.api_key_env) is not set")
+    return value
+
+
+def request_body(
+    profile: Profile,
+    model: str,
+    messages: Sequence[ChatMessage],
+    sampling: SamplingSettings,
+    reasoning: ReasoningSettings,
+) -> dict[str, Any]:
+    """The streamed chat-completions request. Standard fields go as the SDK's arguments;
+    llama-server's and vLLM's extensions (keep the prompt cache, report prefill progress, top-k,
+    min-p, the template's thinking switch) go in `extra_body`, which other servers ignore."""
+    convo = []
+    for m in messages:
+        entry: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.role == "assistant" and m.reasoning_content:
+            entry["reasoning_content"] = m.reasoning_content
+        convo.append(entry)
+    extra: dict[str, Any] = {"cache_prompt": True, "return_progress": True}
+    if sampling.top_k:
+        extra["top_k"] = sampling.top_k
+    if sampling.min_p:
+        extra["min_p"] = sampling.min_p
+    if sampling.repeat_penalty != 1.0:
+        extra["repeat_penalty"] = sampling.repeat_penalty
+    enabled, effort = requested(reasoning)
+    kwargs: dict[str, Any] = {}
+    if enabled is not None:
+        kwargs["enable_thinking"] = enabled
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+    if kwargs:
+        extra["chat_template_kwargs"] = kwargs
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": convo,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "extra_body": extra,
+    }
+    if sampling.seed >= 0:
+        body["seed"] = sampling.seed
+    return body
+
+
+class RemoteEngine:
+    """Implements `EngineAPI` (engine/api.py) for `backend.kind = "remote"`."""
+
+    def __init__(self, profile: Profile, *, client_factory: Callable[..., Any] | None = None) -> None:
+        self._profile = profile
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._model = profile.backend.model
+        self._info: ModelLoaded | None = None
+
+    @property
+    def profile(self) -> Profile:
+        return self._profile
+
+    @property
+    def info(self) -> ModelLoaded | None:
+        return self._info
+
+    @property
+    def loaded(self) -> bool:
+        return self._info is not None
+
+    @property
+    def base_url(self) -> str:
+        return self._profile.backend.base_url.rstrip("/")
+
+    def _describe(self, exc: BaseException) -> RemoteError:
+        return describe(exc, self.base_url, self._model, self._profile.backend.max_retries)
+
+    def check(self) -> None:
+        """Refuse at once what cannot work: no SDK, no URL, a key variable that is not set."""
+        import_openai()
+        if not self.base_url.startswith(("http://", "https://")):
+            raise RemoteError(f"backend.base_url must be an http(s) URL, got {self.base_url!r}")
+        api_key(self._profile)
+
+    def load(
+        self,
+        on_event: Callable[[EngineEvent], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> ModelLoaded:
+        """Connect: list the server's models and pick ours (or its first), so a wrong URL, key
+        or model name is said now, not at the first message."""
+        emit = on_event or (lambda _e: None)
+        self.check()
+        t0 = time.perf_counter()
+        emit(ModelLoading(0.0))
+        backend = self._profile.backend
+        factory = self._client_factory or import_openai().OpenAI
+        self._client = factory(
+            base_url=self.base_url,
+            api_key=api_key(self._profile) or "no-key",
+            timeout=backend.timeout_s,
+            max_retries=backend.max_retries,
+        )
+        try:
+            models = list(self._client.models.list())
+        except Exception as exc:
+            self._client = None
+            raise self._describe(exc) from None
+        ids = [m.id for m in models]
+        if self._model and ids and self._model not in ids:
+            self._client = None
+            raise RemoteError(
+                f"the server at {self.base_url} has no model {self._model!r} (it has: {', '.join(ids[:5])})"
+            )
+        if not self._model:
+            if not ids:
+                self._client = None
+                raise RemoteError(f"the server at {self.base_url} lists no models; set backend.model")
+            self._model = ids[0]
+        entry = next((m for m in models if m.id == self._model), None)
+        extra = (getattr(entry, "model_extra", None) or {}) if entry is not None else {}
+        meta = extra.get("meta") or {}
+        n_ctx = int(extra.get("max_model_len") or meta.get("n_ctx_train") or 0)
+        emit(ModelLoading(1.0))
+        self._info = ModelLoaded(
+            path=f"{self.base_url} · {self._model}",
+            architecture="remote",
+            n_params=int(meta.get("n_params") or 0),
+            size_bytes=int(meta.get("size") or 0),
+            n_ctx=n_ctx,
+            n_threads=0,
+            hybrid=False,
+            load_s=time.perf_counter() - t0,
+            threads=f"remote: {self.base_url}",
+            fingerprint=f"remote:{self.base_url}#{self._model}",
+        )
+        emit(self._info)
+        return self._info
+
+    def apply(self, profile: Profile) -> None:
+        """Take per-turn settings (sampling, reasoning, timeouts); the server stays the same."""
+        self._profile = profile
+
+    def thinking_support(self) -> ThinkingSupport | None:
+        return None  # the server's template decides; `reasoning.enabled` is passed through
+
+    def preview(
+        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+    ) -> ResumePreview:
+        """The server keeps its own prompt cache; nothing is known before the request."""
+        return ResumePreview(0, 0, 0, "server", None)
+
+    def turn(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        sampling: SamplingSettings | None = None,
+        reasoning: ReasoningSettings | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
+        ignore_eos: bool = False,
+    ) -> Turn:
+        if self._client is None:
+            raise RuntimeError("RemoteEngine.load() must be called before a turn")
+        settings = sampling or self._profile.sampling
+        if max_tokens is not None:
+            settings = dataclasses.replace(settings, max_tokens=max_tokens)
+        body = request_body(
+            self._profile, self._model, messages, settings, reasoning or self._profile.reasoning
+        )
+        if ignore_eos:
+            body["extra_body"]["ignore_eos"] = True
+        t_start = time.perf_counter()
+        try:
+            stream = self._client.chat.completions.create(**body)
+        except Exception as exc:
+            raise self._describe(exc) from None
+        stop = cancel or threading.Event()
+        return Turn(self._events(stream, stop, t_start), stop, 0)
+
+    def _events(self, stream: Any, cancel: threading.Event, t_start: float) -> Iterator[EngineEvent]:
+        reader = _StreamReader(t_start)
+        yield TurnStarted(0, 0, 0, "server")
+        try:
+            for chunk in _chunks(stream, cancel):
+                yield from reader.feed(chunk)
+        except Exception as exc:  # cut, garbage, timeout mid-stream: keep what came
+            reason = str(self._describe(exc))
+            if not reader.text and not reader.reasoning:
+                yield TurnFailed(reason, "", "")
+                return
+            yield EngineWarning(f"the reply was cut: {reason}")
+            reader.finish = "interrupted"
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        if cancel.is_set() and reader.finish is None:
+            reader.finish = "cancelled"
+        yield reader.done()
+
+    def __enter__(self) -> RemoteEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> bool:
+        client, self._client, self._info = self._client, None, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # closing must never fail a quit
+                log.debug("closing the HTTP client failed", exc_info=True)
+        return True
+
+
+def _chunks(stream: Any, cancel: threading.Event) -> Iterator[dict[str, Any]]:
+    for chunk in stream:
+        if cancel.is_set():
+            return
+        yield chunk.to_dict() if hasattr(chunk, "to_dict") else dict(chunk)
+        if cancel.is_set():
+            return
+
+
+class _StreamReader:
+    """Turns chunks into events and keeps what the stats need."""
+
+    def __init__(self, t_start: float) -> None:
+        self.t_start = t_start
+        self.text = ""
+        self.reasoning = ""
+        self.n_answer = 0
+        self.n_reasoning = 0
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.t_first_answer: float | None = None
+        self.finish: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.timings: dict[str, Any] = {}
+        self.progress: dict[str, Any] = {}
+
+    def feed(self, chunk: Mapping[str, Any]) -> Iterator[EngineEvent]:
+        now = time.perf_counter()
+        if chunk.get("usage"):
+            self.usage = dict(chunk["usage"])
+        if chunk.get("timings"):
+            self.timings = dict(chunk["timings"])
+        progress = chunk.get("prompt_progress")
+        if isinstance(progress, Mapping):
+            self.progress = dict(progress)
+            total = int(progress.get("total", 0)) - int(progress.get("cache", 0))
+            done = int(progress.get("processed", 0)) - int(progress.get("cache", 0))
+            secs = float(progress.get("time_ms", 0.0)) / 1000.0
+            rate = done / secs if secs > 0 else 0.0
+            yield PrefillProgress(done, total, rate, (total - done) / rate if rate > 0 else 0.0)
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            answer = delta.get("content") or ""
+            if thought or answer:
+                if self.t_first is None:
+                    self.t_first = now
+                self.t_last = now
+            if thought:
+                self.reasoning += thought
+                self.n_reasoning += 1
+                yield TokenDelta("", -1, now, thought, True)
+            if answer:
+                if self.t_first_answer is None:
+                    self.t_first_answer = now
+                self.text += answer
+                self.n_answer += 1
+                yield TokenDelta(answer, -1, now)
+            if choice.get("finish_reason"):
+                self.finish = FINISH.get(choice["finish_reason"], str(choice["finish_reason"]))
+
+    def done(self) -> TurnDone:
+        end = time.perf_counter()
+        t = self.timings
+        u = self.usage
+        pieces = self.n_answer + self.n_reasoning
+        decode_tokens = int(u.get("completion_tokens") or t.get("predicted_n") or pieces)
+        cached = int(t.get("cache_n") or (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        prompt_tokens = int(u.get("prompt_tokens") or (t.get("prompt_n", 0) + t.get("cache_n", 0)) or 0)
+        span = (self.t_last - self.t_first) if self.t_first is not None and self.t_last is not None else 0.0
+        client_rate = (pieces - 1) / span if pieces > 1 and span > 0 else 0.0
+        server: dict[str, Any] = {"client_tok_s": round(client_rate, 2)}
+        for key in (
+            "prompt_n",
+            "cache_n",
+            "prompt_per_second",
+            "predicted_per_second",
+            "draft_n",
+            "draft_n_accepted",
+        ):
+            if key in t:
+                server[key] = t[key]
+        if u:
+            server["usage"] = u
+        stats = TurnStats(
+            ttft_s=(self.t_first - self.t_start) if self.t_first is not None else 0.0,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            prefill_tokens=max(prompt_tokens - cached, 0),
+            prefill_s=float(t.get("prompt_ms", 0.0)) / 1000.0,
+            prefill_tok_s=float(t.get("prompt_per_second") or 0.0),
+            decode_tokens=decode_tokens,
+            decode_s=span,
+            decode_tok_s=float(t.get("predicted_per_second") or client_rate),
+            graphs_reused=0,
+            llama_eval_ms=float(t.get("predicted_ms", 0.0)),
+            llama_prompt_eval_ms=float(t.get("prompt_ms", 0.0)),
+            wall_ms=span * 1000.0,
+            total_s=end - self.t_start,
+            finish_reason=self.finish or "stop",
+            checkpoint={"source": "server" if cached else "none"},
+            reasoning_tokens=self.n_reasoning if not u else min(self.n_reasoning, decode_tokens),
+            first_answer_s=(self.t_first_answer - self.t_start) if self.t_first_answer is not None else None,
+            backend="remote",
+            server=server,
+        )
+        return TurnDone(self.text, stats, self.reasoning)
