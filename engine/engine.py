@@ -206,6 +206,8 @@ class Engine:
             threads=ctx.thread_plan.describe(),
             fingerprint=model.fingerprint,
             n_vocab=model.n_vocab,
+            ple_gather=model.ple_mode,
+            ple_reason=model.ple_reason,
         )
         emit(self._info)
         return self._info

@@ -31,6 +31,8 @@ class ModelLoaded:
     threads: str = ""  # the thread plan in words: settings, counts and why (threads.py)
     fingerprint: str = ""  # identifies the weights (sessions and checkpoints record it)
     n_vocab: int = 0
+    ple_gather: str = ""  # where qwen4exp PLE rows are gathered: "gpu" (velo-chat kernel) or "stock"
+    ple_reason: str = ""  # why that mode, in words (and the table's GPU access mode)
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,7 @@ class LlamaContext:
                 if rc == 1:
                     raise DecodeError(f"the context is full ({self.n_ctx} tokens)")
                 raise DecodeError(f"llama_decode failed (code {rc}); see the log")
+            self._check_ple()
 
     def decode_one(self, token: int) -> int:
         """The per-token hot path: no allocation, returns llama_decode's code. Every
@@ -189,7 +190,17 @@ class LlamaContext:
             self._in_use = self._threads[0]
             self._adapt()
         self._one[0] = token
-        return self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(self._one, 1))
+        rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(self._one, 1))
+        if self.model.ple is not None and self.model.ple.error is not None:
+            self._check_ple()
+        return rc
+
+    def _check_ple(self) -> None:
+        """The GPU PLE gather records a failure instead of raising into llama.cpp: raise it here."""
+        ple = self.model.ple
+        err = ple.take_error() if ple is not None else None
+        if err is not None:
+            raise DecodeError(err)
 
     def synchronize(self) -> None:
         """Wait for queued work; llama.cpp books a batch's time into its perf counters here."""

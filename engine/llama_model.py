@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import gguf_file, gpu_wait, llama_log
+from . import gguf_file, gpu_wait, llama_log, ple_provider
 from .chat_template import ChatTemplate, ChatTemplateError
 from .config.profile_schema import ModelSettings
 from .prompt_segments import Segment
@@ -56,6 +56,13 @@ class LlamaModel:
         params.n_gpu_layers = settings.n_gpu_layers if settings.n_gpu_layers >= 0 else 2**30
         params.load_mode = ll.LLAMA_LOAD_MODE_MMAP if settings.use_mmap else ll.LLAMA_LOAD_MODE_NONE
         params.lazy_mode = LAZY_MODES[settings.lazy_ple]
+        # qwen4exp's PLE rows gathered on the GPU (ple_provider.py): decided before the load,
+        # because the token-embedding table then goes to the GPU too (a tensor override).
+        self.ple: ple_provider.PleProvider | None = None
+        ple_plan = ple_provider.plan(settings.ple_gather, self.header, settings.n_gpu_layers)
+        if ple_plan.buft is not None:
+            overrides = ple_provider.token_embd_override(ple_plan.buft)
+            params.tensor_buft_overrides = ctypes.addressof(overrides)
         cancelled = False
 
         @ll.llama_progress_callback
@@ -81,6 +88,14 @@ class LlamaModel:
             why = llama_log.last_error() or "see the log for details"
             raise ModelLoadError(f"llama.cpp could not load {self.path}: {why}")
         self.model = model
+        self.ple_mode, self.ple_reason = ple_plan.mode, ple_plan.reason
+        if ple_plan.mode == "gpu":  # before any context exists (it sizes its buffers for this graph)
+            try:
+                self.ple = ple_provider.PleProvider(self.path, model)
+                self.ple_reason = f"{ple_plan.reason}; {self.ple.describe()}"
+            except Exception as exc:  # noqa: BLE001 - any failure: say why, run stock
+                log.warning("PLE gather on the GPU failed to start, running stock: %s", exc)
+                self.ple_mode, self.ple_reason = "stock", f"registration failed: {exc}"
         self.vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = ll.llama_model_n_ctx_train(model)
@@ -96,12 +111,14 @@ class LlamaModel:
         self._template: ChatTemplate | None = None
         self._prompt_tokenizer: PromptTokenizer | None = None
         log.info(
-            "loaded %s (%s, %.1f MB, hybrid=%s) in %.2fs",
+            "loaded %s (%s, %.1f MB, hybrid=%s) in %.2fs; PLE gather %s (%s)",
             self.path,
             self.architecture,
             self.size_bytes / 1e6,
             self.hybrid,
             self.load_s,
+            self.ple_mode,
+            self.ple_reason,
         )
         self._prepare_chat()
 
@@ -184,6 +201,9 @@ class LlamaModel:
         return tokens
 
     def close(self) -> None:
+        if getattr(self, "ple", None) is not None:
+            self.ple.close()  # unregisters before the model goes
+            self.ple = None
         if getattr(self, "model", None):
             self._ll.llama_model_free(self.model)
             self.model = None

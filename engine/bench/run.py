@@ -109,6 +109,7 @@ def run_bench(
             "plan": plan.describe(),
         },
     )
+    result.sections["ple"] = {"mode": info.ple_gather, "reason": info.ple_reason}  # docs/ple.md
     room = info.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
     # Prefill and decode are measured cold: no checkpoint may shorten a prefill here.

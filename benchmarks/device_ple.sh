@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU PLE gather on the device machine (H200): a patched CUDA build, the GPU tests, and decode
+# with llama.cpp's CPU gather (stock, at each thread count) against the provider, in one call.
+#
+#   bash benchmarks/device_ple.sh        (run from the repo root; carry: .device)
+#
+# Inputs in .device/ (ignored by git, made by hand): llcpp.tar.xz (the llama-cpp-python 0.3.36
+# sdist), whl/*.whl (its runtime deps), tiny-qwen4exp.gguf, and ple/tiny-qwen4exp-<type>.gguf for
+# the five PLE table types (tests/support/tiny_qwen4exp.py with ple_type=...). The build applies
+# packaging/patches/*.patch and lives in /tmp (a warm machine reuses it; the stamp holds the flags
+# and the patches' hash). Logs and JSON go to $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+root=$PWD
+out=${OUT:-/tmp/out}
+site=${VELO_SITE:-/tmp/velo-site-ple}
+mkdir -p "$out" "$site"
+export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
+stamp="$flags $(cat packaging/patches/*.patch | sha256sum | cut -c1-16)"
+if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/whl/*.whl
+  rm -rf /tmp/src-ple && mkdir -p /tmp/src-ple && tar xJf .device/llcpp.tar.xz -C /tmp/src-ple
+  for p in packaging/patches/*.patch; do
+    patch -p1 --batch --forward --silent -d /tmp/src-ple/llama_cpp_python-0.3.36 < "$p" || exit 1
+  done
+  t0=$(date +%s)
+  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-index \
+    --no-deps --no-build-isolation --upgrade --target "$site" /tmp/src-ple/llama_cpp_python-0.3.36 \
+    > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
+  echo "$stamp" > "$site/.stamp"
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
+mkdir -p /tmp/pkg/velo_chat
+for d in app engine kernels store assets; do ln -sfn "$root/$d" "/tmp/pkg/velo_chat/$d"; done
+export PYTHONPATH=/tmp/pkg:$site:$root
+export VELO_TEST_QWEN=$root/.device/tiny-qwen4exp.gguf VELO_TEST_PLE_MODELS=$root/.device/ple
+export VELO_CHAT_HOME=/tmp/velo-home-ple
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; cat /proc/loadavg
+
+# The GPU tests, the CPU-path inertness test, and hybrid resume with every layer on the GPU (the
+# engine's default "auto" now takes the provider path there: checkpoints on that path).
+timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/test_ple_provider.py \
+  -k "not plan_says and not engine_reports" 2>&1 | tee "$out/tests.log" | tail -8
+VELO_TEST_GPU_LAYERS=-1 timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:randomly \
+  tests/test_resume.py -k "qwen4exp or hybrid or interval" 2>&1 | tee -a "$out/tests.log" | tail -4
+
+mkdir -p "$VELO_CHAT_HOME/config/profiles"
+for mode in stock gpu; do
+  printf '[model]\nn_gpu_layers = -1\nple_gather = "%s"\n[context]\nn_ctx = 4096\nflash_attn = "on"\n' \
+    "$mode" > "$VELO_CHAT_HOME/config/profiles/ple-$mode.toml"
+done
+n=$(nproc)
+bench() {  # name, args...
+  local name=$1; shift
+  timeout 150 python3 -m velo_chat.app.cli bench --model "$VELO_TEST_QWEN" --json --no-resume \
+    --prefill-sizes 512 --decode-tokens 512 --repeats 3 "$@" > "$out/bench_$name.json" \
+    2> "$out/bench_$name.err" || { echo "bench $name failed"; tail -5 "$out/bench_$name.err"; }
+}
+bench stock --profile ple-stock --threads "1,2,4,$n"
+bench gpu --profile ple-gpu --threads "1,2"
+grep -h "PLE gather\|PLE table" "$VELO_CHAT_HOME"/logs/*.log 2>/dev/null | cut -c1-220 | tail -4
+python3 - "$out" <<'PY'
+import json, sys, pathlib
+for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*.json")):
+    try:
+        d = json.loads(path.read_text())
+    except ValueError:
+        print(path.name, "no JSON"); continue
+    x = d["decode"]
+    print(f"== {path.stem}: ple {d['sections'].get('ple')}")
+    print(f"   decode {x['tok_s']} tok/s runs {x.get('tok_s_runs')} graphs {x['graphs_reused']}"
+          f" overhead {x.get('overhead')}; prefill {d['prefill'][0]['tok_s']} tok/s; {d['threads']['plan']}")
+    t = d["sections"].get("threads")
+    if t:
+        print("   fixed threads:", [(r["decode_threads"], r["tok_s"]) for r in t["fixed"]])
+PY

@@ -1,0 +1,286 @@
+"""The PLE rows of a qwen4exp model gathered on the GPU, inside llama.cpp's CUDA graph.
+
+llama.cpp (with packaging/patches/ple-provider.patch) calls a registered provider once per
+ubatch with the hashed row ids and a GPU destination; the provider launches `kernels/`'s gather +
+dequantize on llama.cpp's CUDA stream and returns. The token-embedding table goes to the GPU with
+a tensor override, so a fully offloaded decode step is a single GPU graph split (docs/ple.md).
+
+`plan()` decides before the load whether the model runs this way (`ple_gather` in the profile),
+`PleProvider` registers the callback on a loaded model. Anything that fails says why in one log
+line, and the model runs llama.cpp's stock CPU gather.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..kernels.dequant import check_rows
+from .gguf_file import GGUFHeader
+
+log = logging.getLogger(__name__)
+
+PLE_TENSOR = "per_layer_token_embd.weight"
+TOKEN_EMBD_PATTERN = b"^token_embd\\.weight$"
+
+
+class PleGatherArgs(ctypes.Structure):
+    """`struct llama_ple_gather_args` of the patched llama.h."""
+
+    _fields_ = [
+        ("dst", ctypes.c_void_p),
+        ("rows", ctypes.POINTER(ctypes.c_int32)),
+        ("n_idx", ctypes.c_int64),
+        ("tokens", ctypes.POINTER(ctypes.c_int32)),
+        ("n_tokens", ctypes.c_int32),
+        ("n_heads", ctypes.c_int32),
+        ("row_dim", ctypes.c_int64),
+        ("table", ctypes.c_void_p),
+        ("n_table_rows", ctypes.c_int64),
+        ("row_stride", ctypes.c_size_t),
+        ("type", ctypes.c_int32),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+PROVIDER_FN = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(PleGatherArgs), ctypes.c_void_p)
+
+
+class BuftOverride(ctypes.Structure):
+    """`struct llama_model_tensor_buft_override` (llama-cpp-python leaves the field untyped)."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _llama_lib() -> ctypes.CDLL:
+    from llama_cpp import llama_cpp as ll
+
+    return ll._lib
+
+
+def provider_symbol() -> Any | None:
+    """`llama_model_set_ple_provider` of the loaded libllama, or None (an unpatched build)."""
+    try:
+        fn = _llama_lib().llama_model_set_ple_provider
+    except AttributeError:
+        return None
+    fn.argtypes = [ctypes.c_void_p, PROVIDER_FN, ctypes.c_void_p]
+    fn.restype = None
+    return fn
+
+
+def _ggml() -> ctypes.CDLL:
+    """libggml next to libllama (already loaded with it: this opens the same handle)."""
+    lib = Path(_llama_lib()._name).parent / "libggml.so"
+    g = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    g.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    g.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    g.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    g.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    g.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    g.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    return g
+
+
+def cuda_buffer_type() -> int | None:
+    """The first CUDA device's buffer type, or None when the build has no CUDA backend."""
+    try:
+        g = _ggml()
+    except OSError:
+        return None
+    reg = g.ggml_backend_reg_by_name(b"CUDA")
+    if not reg or g.ggml_backend_reg_dev_count(reg) == 0:
+        return None
+    return g.ggml_backend_dev_buffer_type(g.ggml_backend_reg_dev_get(reg, 0)) or None
+
+
+@dataclass(frozen=True)
+class PlePlan:
+    """What `ple_gather` resolved to before the load: "gpu" or "stock", and why."""
+
+    mode: str
+    reason: str
+    buft: int | None = None  # the CUDA buffer type for the token-embedding override
+
+
+def ple_layer(header: GGUFHeader) -> int | None:
+    layers = header.metadata.get(f"{header.architecture}.ple.layers")
+    if isinstance(layers, (list, tuple)) and layers:
+        return int(layers[0])
+    return None
+
+
+def plan(setting: str, header: GGUFHeader, n_gpu_layers: int) -> PlePlan:
+    """Resolve `ple_gather` ("auto", "gpu" or "stock") for this model before it is loaded."""
+    if header.tensor(PLE_TENSOR) is None:
+        return PlePlan("stock", "the model has no PLE table")
+    if setting == "stock":
+        return PlePlan("stock", "ple_gather = stock")
+    why, buft = _gpu_refusal(header, n_gpu_layers)
+    if why is None:
+        return PlePlan("gpu", f"ple_gather = {setting}: CUDA build, CuPy, PLE layer on the GPU", buft)
+    if setting == "gpu":
+        log.warning("PLE gather on the GPU unavailable, running stock: %s", why)
+    return PlePlan("stock", why)
+
+
+def _gpu_refusal(header: GGUFHeader, n_gpu_layers: int) -> tuple[str | None, int | None]:
+    if n_gpu_layers == 0:
+        return "no layers on the GPU (n_gpu_layers = 0)", None
+    if provider_symbol() is None:
+        return "this llama.cpp build lacks llama_model_set_ple_provider (unpatched)", None
+    buft = cuda_buffer_type()
+    if buft is None:
+        return "this llama.cpp build has no CUDA device", None
+    n_layer = int(header.metadata.get(f"{header.architecture}.block_count", 0))
+    il = ple_layer(header)
+    if n_gpu_layers > 0 and il is not None and il < n_layer - n_gpu_layers:
+        return f"the PLE layer {il} stays on the CPU (n_gpu_layers = {n_gpu_layers} of {n_layer})", None
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device", None
+    except Exception as exc:  # noqa: BLE001 - ImportError or a CUDA error: either way no CuPy
+        return f"CuPy is unusable here ({type(exc).__name__}: {exc})", None
+    return None, buft
+
+
+def token_embd_override(buft: int) -> ctypes.Array[BuftOverride]:
+    """The NULL-terminated override list that puts `token_embd.weight` on the CUDA device;
+    keep it alive while the model loads."""
+    arr = (BuftOverride * 2)()
+    arr[0].pattern = TOKEN_EMBD_PATTERN
+    arr[0].buft = buft
+    return arr
+
+
+class PleProvider:
+    """The registered callback: `PleTable` gathers into llama.cpp's input tensor on its stream.
+
+    Decode-sized gathers keep one prepared kernel launch per destination (llama.cpp keeps the
+    tensor's address while it reuses the graph), reading the row ids from a pinned buffer; larger
+    ones go through `PleTable.gather` (which stages them in registered mode). A failure is kept
+    in `error` and the destination zeroed; the engine raises it after the decode (a turn error,
+    never an abort inside llama.cpp).
+    """
+
+    MAX_PREPARED = 8
+
+    def __init__(self, model_path: Path, model_ptr: Any) -> None:
+        from ..kernels.ple_table import PleTable
+
+        self.table = PleTable.open(model_path)
+        self.error: str | None = None
+        self.calls = 0
+        self._prepared: dict[tuple[int, int, int], Any] = {}
+        self._streams: dict[int, Any] = {}
+        self._set = provider_symbol()
+        self._model = model_ptr
+        self._cb = PROVIDER_FN(self._gather)
+        self._set(model_ptr, self._cb, None)
+
+    def describe(self) -> str:
+        t = self.table
+        return f"{t.loc.type_name} table {t.n_rows} rows x {t.row_dim}, {t.mode} ({t.mode_reason})"
+
+    def take_error(self) -> str | None:
+        err, self.error = self.error, None
+        return err
+
+    def _stream(self, handle: int) -> Any:
+        s = self._streams.get(handle)
+        if s is None:
+            from ..kernels.cuda_kernels import as_stream
+
+            s = self._streams[handle] = as_stream(handle)
+        return s
+
+    def _gather(self, p: Any, _ud: Any) -> bool:
+        a = p.contents
+        try:
+            self.calls += 1
+            n, dim = int(a.n_idx), int(a.row_dim)
+            if dim != self.table.row_dim or a.n_table_rows != self.table.n_rows:
+                raise ValueError(
+                    f"llama.cpp's PLE table ({a.n_table_rows} x {dim}) is not the one mapped "
+                    f"({self.table.n_rows} x {self.table.row_dim})"
+                )
+            rows = self._rows(a)
+            stream = self._stream(int(a.stream or 0))
+            if self.table._stages(n):
+                self.table.gather(
+                    rows.reshape(a.n_tokens, a.n_heads), self._out(a.dst, n * dim), stream=stream
+                )
+            else:
+                self._launch(rows, int(a.dst), n, stream)
+            if not a.stream:
+                stream.synchronize()  # no stream from llama.cpp: finish before returning
+        except Exception as exc:  # noqa: BLE001 - never raise into C
+            if self.error is None:
+                self.error = f"PLE gather failed: {exc}"
+                log.error("%s", self.error)
+            try:
+                import cupy
+
+                self._out(a.dst, int(a.n_idx) * int(a.row_dim)).fill(0)
+                cupy.cuda.runtime.deviceSynchronize()
+            except Exception:  # noqa: BLE001
+                log.debug("zeroing the PLE destination failed", exc_info=True)
+        return True
+
+    def _rows(self, a: PleGatherArgs) -> np.ndarray:
+        """The row ids llama.cpp hashed (its memory, valid during the call only)."""
+        return np.ctypeslib.as_array(a.rows, shape=(int(a.n_idx),))
+
+    def _out(self, dst: int, n_values: int) -> Any:
+        import cupy
+
+        mem = cupy.cuda.UnownedMemory(int(dst), n_values * 4, self)
+        return cupy.ndarray((n_values,), dtype=np.float32, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+    def _launch(self, rows: np.ndarray, dst: int, n: int, stream: Any) -> None:
+        """In place: row ids checked here, copied to a pinned buffer, one prepared kernel."""
+        t = self.table
+        key = (dst, n, int(stream.ptr))
+        prep = self._prepared.get(key)
+        if prep is None:
+            import cupy
+            import cupyx
+
+            from ..kernels.cuda_kernels import GatherLaunch
+
+            if len(self._prepared) >= self.MAX_PREPARED:
+                for old in self._prepared.values():
+                    old[2].synchronize()
+                self._prepared.clear()
+            with t._device:
+                idx = cupyx.empty_pinned(n, dtype=np.int32)
+                err = cupy.zeros(3, dtype=np.int32)
+                launch = GatherLaunch(
+                    t.device_ptr, t.n_rows, t.ggml_type, t.row_dim, idx.ctypes.data, n, dst, err
+                )
+                done = cupy.cuda.Event(disable_timing=True)
+            prep = self._prepared[key] = (idx, launch, done, err)
+        idx, launch, done, _err = prep
+        done.synchronize()  # the previous launch has read the pinned row ids
+        idx[:] = check_rows(rows, t.n_rows)
+        launch(stream)
+        done.record(stream)
+
+    def close(self) -> None:
+        """Unregister (the model must not call back any more) and release the table."""
+        if self._model:
+            self._set(self._model, PROVIDER_FN(), None)
+            self._model = None
+        for _idx, _launch, done, _err in self._prepared.values():
+            done.synchronize()
+        self._prepared.clear()
+        self.table.close()
