@@ -91,8 +91,13 @@ def run_load(
     file keeps the old model running; if the load itself fails after the old engine was closed
     (two big models do not fit side by side), the previous profile is loaded again. The final
     message says which profile is running (`ModelReady`, or `ModelLoadFailed.active`).
-    The check includes the fit check: a model that does not fit is refused with its table
-    (`ModelLoadFailed.refused`, the screen asks whether to load anyway) unless `force`."""
+
+    The check includes the fit check (docs/fit.md). The running model's memory counts as used
+    there, so when the new one does not fit beside it, the running model is closed and the
+    check made again: two big profiles on one machine can be switched. If it still does not
+    fit, it is refused with its table (`ModelLoadFailed.refused`): the screen asks whether to
+    load it anyway, and loads the closed profile (`ModelLoadFailed.closed`) again if not.
+    `force`: the user chose to load anyway."""
     with host.lock:
         previous = host.loaded_profile
 
@@ -100,20 +105,38 @@ def run_load(
             if isinstance(event, ModelLoading):
                 post(ModelLoadProgress(event.progress, load_id))
 
+        refused: DoesNotFit | None = None
         try:
             engine = host.factory(profile)
             _check(engine, force)
         except DoesNotFit as exc:
-            log.warning("model load refused: %s", one_line(exc))
-            post(
-                ModelLoadFailed(
-                    _reason(exc), load_id, previous, refused=profile, fit_table=exc.report.table()
-                )
-            )
-            return
+            refused = exc
         except Exception as exc:
             _log_load_failure(exc)
             post(ModelLoadFailed(_reason(exc), load_id, previous))
+            return
+        if refused is not None and previous is not None:
+            log.info("%s; closing the running model and checking again", one_line(refused))
+            host.close_locked()
+            try:
+                _check(engine, force)
+                refused = None
+            except DoesNotFit as exc:
+                refused = exc
+            except Exception as exc:  # the file went away meanwhile: the previous profile again
+                refused = None
+                _log_load_failure(exc)
+                restored = _reload_previous(host, previous, on_event, cancel)
+                post(ModelLoadFailed(_reason(exc), load_id, previous if restored else None, restored))
+                return
+        if refused is not None:
+            log.warning("model load refused: %s", one_line(refused))
+            table = refused.report.table()
+            post(
+                ModelLoadFailed(
+                    _reason(refused), load_id, None, refused=profile, fit_table=table, closed=previous
+                )
+            )
             return
         host.close_locked()
         host.engine = engine

@@ -178,13 +178,19 @@ class ChatScreen(SessionActions, Screen[None]):
 
     def _offer_load_anyway(self, msg: ModelLoadFailed) -> None:
         """The fit check refused the profile: show its table and let the user load anyway."""
-        refused, activate = msg.refused, self._activate_on_ready
+        refused, closed, activate = msg.refused, msg.closed, self._activate_on_ready
         assert refused is not None
-        still = f"\n\nStill running profile {msg.active.name!r}." if msg.active is not None else ""
+        still = (
+            f"\n\nProfile {closed.name!r} was closed to make room; Cancel loads it again."
+            if closed is not None
+            else ""
+        )
 
         def answer(load: bool | None) -> None:
             if load:
                 self.reload_model(refused, activate=activate, force=True)
+            elif closed is not None:
+                self.reload_model(closed)
 
         self.app.push_screen(
             ConfirmDialog(
