@@ -15,6 +15,7 @@ from tests.support.engine_helpers import run_cli
 FIELDS = {
     "llama_cpp",
     "gpu",
+    "host_access",
     "pageable_memory_access",
     "cupy",
     "memory",

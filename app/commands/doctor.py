@@ -6,7 +6,6 @@ residency, with what to do about each problem. Exit 0 when usable, 1 with the re
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 from typing import Any
@@ -16,13 +15,13 @@ from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
 from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.gguf_file import GGUFError
+from velo_chat.kernels import cudart
 
 from .common import resolve_profile
 
 log = logging.getLogger(__name__)
 
 PLE_SYMBOL = "llama_model_set_ple_provider"  # the velo-chat PLE patch (packaging/patches)
-CUDA_DEV_ATTR_PAGEABLE_MEMORY_ACCESS = 88  # cudaDevAttrPageableMemoryAccess
 
 
 def _build() -> dict[str, Any]:
@@ -40,19 +39,15 @@ def _build() -> dict[str, Any]:
     }
 
 
-def _pageable_memory_access() -> bool | None:
-    """cudaDevAttrPageableMemoryAccess of device 0 (ATS / HMM): the GPU can read mmap'd host
-    memory in place. None without a CUDA runtime."""
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            cudart = ctypes.CDLL(name)
-        except OSError:
-            continue
-        value = ctypes.c_int(0)
-        if cudart.cudaDeviceGetAttribute(ctypes.byref(value), CUDA_DEV_ATTR_PAGEABLE_MEMORY_ACCESS, 0) == 0:
-            return bool(value.value)
+def _host_access() -> dict[str, Any] | None:
+    """What the GPU can do with host memory (`cudaDevAttrPageableMemoryAccess`: ATS/HMM, the
+    GPU reads mmap'd memory in place; host registration), or None without a usable CUDA GPU."""
+    if not cudart.cuda_available():
         return None
-    return None
+    try:
+        return cudart.host_access().as_dict()
+    except Exception as exc:  # noqa: BLE001 - an old driver, a GPU in a bad state
+        return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
 
 
 def _cupy() -> dict[str, Any]:
@@ -79,6 +74,7 @@ def collect(profile_name: str | None) -> dict[str, Any]:
     gpus = machine.gpus()
     gpu = gpus[0] if gpus else None
     mem = machine.meminfo()
+    host = _host_access() if build["cuda"] else None
     problems: list[str] = []
     advice: list[str] = []
     out: dict[str, Any] = {
@@ -92,7 +88,8 @@ def collect(profile_name: str | None) -> dict[str, Any]:
             "free": gpu.free,
             "integrated": gpu.integrated,
         },
-        "pageable_memory_access": _pageable_memory_access() if build["cuda"] else None,
+        "host_access": host,
+        "pageable_memory_access": None if host is None else host.get("pageable_memory_access"),
         "cupy": _cupy()
         if build["cuda"]
         else {"installed": None, "version": None, "nvrtc": None, "error": "no CUDA"},

@@ -83,7 +83,7 @@ def resident(path: Path, offset: int = 0, length: int | None = None) -> Residenc
             libc.munmap(addr, span)
     finally:
         os.close(fd)
-    flags = np.frombuffer(vec, dtype=np.uint8) & 1
+    flags = np.ctypeslib.as_array(vec) & 1
     total = int(np.count_nonzero(flags)) * page
     if flags[0]:  # the range starts inside its first page
         total -= offset - start
