@@ -136,3 +136,11 @@ def test_force_loads_it_anyway(smollm2_path: Path):
     result = run_cli("ask", "--profile", "huge", "--force", "hello")
     assert result.returncode == 0, result.stderr
     assert "loading anyway (--force)" in result.stderr and result.stdout.strip()
+
+
+def test_print_config_shows_the_fit_table(velo_home):
+    config = run_cli("--print-config")
+    assert config.returncode == 0, config.stderr
+    lines = config.stdout.splitlines()
+    assert any(line.startswith("# Memory for profile 'default'") for line in lines)
+    assert "#   verdict: fits" in lines

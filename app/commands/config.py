@@ -8,6 +8,8 @@ from velo_chat.engine.setup import default_model
 from velo_chat.engine.config import locations
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.config.profiles import profile_to_toml, settings_path
+from velo_chat.engine.fit import machine, report
+from velo_chat.engine.gguf_file import GGUFError
 from velo_chat.engine.threads import preview_plan
 
 from .common import resolve_profile
@@ -24,6 +26,8 @@ def print_config(profile_name: str | None) -> int:
     print(f"# log           {locations.log_path()}")
     plan, note = preview_plan(profile, _model_path(profile))
     print(f"# threads       {plan.describe()}" + (f" ({note})" if note else ""))
+    for line in _fit_lines(profile):
+        print(f"# {line}")
     print(profile_to_toml(profile), end="")
     return 0
 
@@ -35,3 +39,16 @@ def _model_path(profile: Profile) -> Path | None:
     else:
         path = Path(profile.model.path).expanduser()
     return path if path.is_file() else None
+
+
+def _fit_lines(profile: Profile) -> list[str]:
+    """The fit table for the profile's model (docs/fit.md), when its file is on disk."""
+    if profile.backend.kind == "remote":
+        return ["fit           a remote server runs the model: nothing is loaded here"]
+    path = _model_path(profile)
+    if path is None:
+        return ["fit           the model file is not there yet: nothing to estimate"]
+    try:
+        return report.check(profile, path, machine.probe()).table().splitlines()
+    except GGUFError as exc:
+        return [f"fit           {exc}"]

@@ -112,6 +112,10 @@ def collect(profile_name: str | None) -> dict[str, Any]:
         advice.append(
             "swap is on: on unified memory a model that overflows swaps instead of failing (swapoff -a)"
         )
+    if profile.backend.kind == "remote":
+        out["model"]["error"] = f"a remote server ({profile.backend.base_url}) runs the model"
+        advice.append("a remote profile: the server's machine is not checked here")
+        return _finish(out, problems, advice)
     try:
         path = resolve_model_path(profile)
         facts = read_facts(path)
