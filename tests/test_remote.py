@@ -137,6 +137,28 @@ def test_ask_streams_from_a_real_server_and_records_the_backend(llama_server, is
     assert rows[3][1] == again["text"]  # the regenerated reply replaced the follow-up's
 
 
+def test_bench_reports_the_same_sections_for_a_remote_server(llama_server):
+    name = remote_profile("smol-bench", llama_server, model="smol")
+    proc = run_cli(
+        "bench",
+        "--profile",
+        name,
+        "--json",
+        "--prefill-sizes",
+        "64",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--no-resume",
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["architecture"] == "remote"
+    assert [row["tokens"] for row in result["prefill"]] == [64] and result["prefill"][0]["ttft_s"] > 0
+    assert result["decode"]["tokens"] == 8 and result["decode"]["tok_s"] > 0
+
+
 def test_cancel_closes_the_stream_and_keeps_the_partial_reply(llama_server):
     profile = build_profile("r", {"backend": {"kind": "remote", "base_url": llama_server, "model": "smol"}})
     with RemoteEngine(profile) as engine:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from velo_chat.engine.bench.remote import run_remote_bench
 from velo_chat.engine.bench.run import format_table, run_bench
 from velo_chat.engine.engine import Engine
 
@@ -34,10 +35,23 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"\r\033[Kbench: {text}")
             sys.stderr.flush()
 
-    if profile.backend.kind == "remote":
-        raise UserError("velo-chat bench measures the local engine; for a remote server see docs/remote.md")
     engine = load_engine(profile, args.model, quiet=args.json)
-    assert isinstance(engine, Engine)
+    if not isinstance(engine, Engine):  # a remote server: the sections it can answer
+        try:
+            result = run_remote_bench(
+                engine,
+                profile_name=profile.name,
+                prefill_sizes=sizes,
+                decode_tokens=args.decode_tokens,
+                repeats=args.repeats,
+                on_progress=note,
+            )
+        finally:
+            engine.close()
+        if not quiet:
+            sys.stderr.write("\r\033[K")
+        print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))
+        return 0
     with engine:
         result = run_bench(
             engine,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .remote import format_remote_lines
 from .result import BenchResult, conversation_of
 from .load import busy_processes, format_load_lines, load_section, measure_load, threads_section
 from . import session as bench_session
@@ -170,10 +171,16 @@ def format_table(result: BenchResult) -> str:
             "",
             f"decode    {d['tokens']} tokens greedy: {d['tok_s']:.1f} tok/s (median of "
             f"{d['repeats']}), graphs reused {d['graphs_reused']}",
-            f"overhead  wall {d['wall_ms']:.1f} ms / llama eval {d['llama_eval_ms']:.1f} ms = "
-            f"{d['overhead']:.4f}  (runs: {', '.join(f'{r:.4f}' for r in d['overhead_runs'])})",
         ]
-        lines += format_load_lines(result)
+        if d.get("overhead") is not None:
+            lines.append(
+                f"overhead  wall {d['wall_ms']:.1f} ms / llama eval {d['llama_eval_ms']:.1f} ms = "
+                f"{d['overhead']:.4f}  (runs: {', '.join(f'{r:.4f}' for r in d['overhead_runs'])})"
+            )
+        if result.architecture == "remote":
+            lines += format_remote_lines(result)
+        else:
+            lines += format_load_lines(result)
     r = result.sections.get("resume")
     if r:
         lines += [
