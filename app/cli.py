@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check this machine, the llama.cpp build and the model's fit")
     doctor.add_argument("--profile", dest="doctor_profile", metavar="NAME", help="profile to check")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument(
+        "--warm-ple", action="store_true", help="read the PLE table into the page cache first, with progress"
+    )
 
     fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")
     fetch.add_argument("--force", action="store_true", help="download again even if present")

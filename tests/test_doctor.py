@@ -82,3 +82,32 @@ def test_residency_sees_a_file_read_and_then_evicted(tmp_path: Path):
     finally:
         os.close(fd)
     assert residency.resident(path).fraction < 0.5
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_warm_reads_an_evicted_range_back_with_progress(tmp_path: Path):
+    path = tmp_path / "table.bin"
+    path.write_bytes(os.urandom(3 << 20))
+    _evict(path)
+    assert residency.resident(path).fraction < 0.5
+    seen: list[tuple[int, int]] = []
+    after = residency.warm(path, 4096, 2 << 20, lambda done, total: seen.append((done, total)), chunk=1 << 19)
+    assert after.resident == after.length == 2 << 20
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (2 << 20, 2 << 20)
+    assert len(seen) == 4  # 2 MiB in 512 KiB reads
+
+
+def test_doctor_warm_ple_reads_the_table_into_the_page_cache(qwen_path: Path):
+    _profile("tiny", qwen_path)
+    _evict(qwen_path)
+    result = run_cli("doctor", "--profile", "tiny", "--json", "--warm-ple")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["ple_residency"]["fraction"] == 1.0

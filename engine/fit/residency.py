@@ -1,7 +1,9 @@
-"""How much of a file range is in the page cache, by `mincore(2)` on a read-only mapping of it.
+"""How much of a file range is in the page cache (`mincore(2)` on a read-only mapping of it), and
+reading a range into it (`warm`).
 
 The PLE table stays on lazy mmap; a bulk file copy can evict it, and decode then reads its rows
-from disk. This says how much of it is resident now, without reading (or faulting in) a byte.
+from disk. `resident` says how much of it is in memory now, without reading (or faulting in) a
+byte; `warm` reads it in again, with progress.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import numpy as np
 
 PROT_READ, MAP_SHARED = 0x1, 0x01
 MAP_FAILED = ctypes.c_void_p(-1).value
+WARM_CHUNK = 16 << 20  # bytes read per call when warming
 
 
 @dataclass(frozen=True)
@@ -90,3 +94,39 @@ def resident(path: Path, offset: int = 0, length: int | None = None) -> Residenc
     if flags[-1]:  # and may end inside its last
         total -= start + n_pages * page - (offset + length)
     return Residency(path, offset, length, total)
+
+
+def warm(
+    path: Path,
+    offset: int = 0,
+    length: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    chunk: int = WARM_CHUNK,
+) -> Residency:
+    """Read `path`[offset : offset+length] into the page cache, chunk by chunk, reporting
+    `on_progress(bytes_done, total)`; returns the residency afterwards.
+
+    The kernel is told the range will be read once in order (`POSIX_FADV_SEQUENTIAL`: a large
+    readahead) and wanted soon (`POSIX_FADV_WILLNEED`). The bytes are read into one reused
+    buffer, so the process's own memory does not grow."""
+    path = Path(path)
+    size = path.stat().st_size
+    length = size - offset if length is None else min(length, size - offset)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if length > 0:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_SEQUENTIAL)
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        buf = bytearray(min(chunk, max(length, 1)))
+        view = memoryview(buf)
+        done = 0
+        while done < length:
+            n = os.preadv(fd, [view[: min(len(buf), length - done)]], offset + done)
+            if n <= 0:
+                break
+            done += n
+            if on_progress is not None:
+                on_progress(done, length)
+    finally:
+        os.close(fd)
+    return resident(path, offset, length)
