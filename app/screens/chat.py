@@ -133,6 +133,9 @@ class ChatScreen(SessionActions, Screen[None]):
         run_load(self.app.host, profile, self.post_message, cancel, load_id, force)
 
     def _model_name(self, profile: Profile) -> str:
+        if profile.backend.kind == "remote":
+            host = profile.backend.base_url.split("//", 1)[-1].split("/", 1)[0]
+            return f"{profile.backend.model or 'model'} @ {host}"
         path = profile.model.path
         return "SmolLM2 (default)" if path == "default" else path.rsplit("/", 1)[-1]
 
@@ -418,6 +421,8 @@ class ChatScreen(SessionActions, Screen[None]):
         if p is not None:
             est = f" ≈ {p.est_prefill_s:.1f} s" if p.est_prefill_s is not None else ""
             line = f"reuses {p.cached_tokens:,} cached tokens · prefills {p.prefill_tokens:,}{est}"
+            if p.source == "server":
+                line = "remote: the server keeps its own prompt cache"
         thinks = self._thinks()
         if thinks is not None:
             line = f"thinking {'on' if thinks else 'off'}" + (f" · {line}" if line else "")

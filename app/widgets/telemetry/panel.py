@@ -101,6 +101,8 @@ class LivePanel(Vertical):
         threads = f"threads {info.n_threads}"
         if info.n_threads_batch:
             threads += f" · prefill {info.n_threads_batch}"
+        if info.architecture == "remote":  # the server's threads and memory are its own
+            kind, threads = "server", "runs on the server"
         self.query_one("#panel-model", Static).update(f"{name}\n{info.architecture} · {kind}\n{threads}")
         self._render_context()
 
