@@ -32,6 +32,7 @@ from .setup import default_model
 from . import gguf_file
 from .config import locations
 from .fit import machine as fit_machine
+from .fit import llama_buffers
 from .fit import report as fit_report
 from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Checkpoints
@@ -173,6 +174,22 @@ class Engine:
             raise fit_report.DoesNotFit(self.fit)
 
     def load(
+        self, on_event: Callable[[EngineEvent], None] | None = None, cancel: threading.Event | None = None
+    ) -> ModelLoaded:
+        """Load the model and create the context, reporting `ModelLoading` progress. After a
+        `check()`, the log has each term of its estimate next to what llama.cpp allocated."""
+        with llama_buffers.captured() as buffers:
+            info = self._load(on_event, cancel)
+        if self.fit is not None:
+            for c in llama_buffers.compare(self.fit.terms, buffers):
+                log.log(
+                    logging.INFO if c.close else logging.WARNING,
+                    "fit estimate vs llama.cpp: %s",
+                    c.describe(),
+                )
+        return info
+
+    def _load(
         self, on_event: Callable[[EngineEvent], None] | None = None, cancel: threading.Event | None = None
     ) -> ModelLoaded:
         """Load the model and create the context, reporting `ModelLoading` progress."""

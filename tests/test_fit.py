@@ -5,11 +5,14 @@ fit refused by the CLI with its table (exit 2) and loaded with --force."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from pathlib import Path
 
 import pytest
 
 from velo_chat.engine.config import locations
+from velo_chat.engine.engine import Engine
 from velo_chat.engine.fit import estimate, llama_buffers, machine, report
 from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.llama_context import LlamaContext
@@ -39,14 +42,20 @@ CASES = {
 }
 
 
-def close_enough(est: int, measured: int) -> bool:
-    """Within 10%, or within the log line's own rounding (two decimals of a MiB)."""
-    return abs(est - measured) <= max(0.10 * measured, llama_buffers.ROUNDING)
-
-
 @pytest.fixture
 def model_path(request, smollm2_path: Path) -> Path:
     return smollm2_path if request.param == "smol" else request.getfixturevalue("qwen_path")
+
+
+def _measure(model_path: Path, profile) -> llama_buffers.Buffers:
+    """Load the model and make a context, keeping the buffer sizes llama.cpp logs."""
+    with llama_buffers.captured() as got:
+        model = LlamaModel(model_path, profile.model)
+        try:
+            LlamaContext(model, profile.context, n_gpu_layers=profile.model.n_gpu_layers).close()
+        finally:
+            model.close()
+    return got
 
 
 @pytest.mark.parametrize(
@@ -59,26 +68,33 @@ def test_each_term_is_within_ten_percent_of_what_llama_cpp_allocates(model_path:
         **{k: v for k, v in sections.items() if k != "model"},
     )
     facts = read_facts(model_path)
-    terms = {t.key: t for t in estimate.estimate(profile, facts)}
-    with llama_buffers.captured() as got:
-        model = LlamaModel(model_path, profile.model)
-        try:
-            LlamaContext(model, profile.context).close()
-        finally:
-            model.close()
+    terms = estimate.estimate(profile, facts)
+    got = _measure(model_path, profile)
 
-    ple = terms.get("ple")
-    weights = terms["weights_cpu"].bytes + (ple.bytes if ple else 0)
-    assert close_enough(weights, got.total("model")), (weights, got.lines)
-    if ple is not None and ple.place == estimate.CACHE:  # its own mapped buffer
-        assert any(close_enough(ple.bytes, n) for n in got.sizes("model")), (ple, got.lines)
-    assert close_enough(terms["kv_cpu"].bytes, got.total("KV")), (terms["kv_cpu"], got.lines)
-    if facts.hybrid:
-        assert close_enough(terms["rs_cpu"].bytes, got.total("RS")), (terms["rs_cpu"], got.lines)
-    else:
-        assert "rs_cpu" not in terms and got.total("RS") == 0
-    assert close_enough(terms["output"].bytes, got.total("output")), (terms["output"], got.lines)
-    assert close_enough(terms["compute_cpu"].bytes, got.total("compute")), (terms["compute_cpu"], got.lines)
+    compared = {c.what: c for c in llama_buffers.compare(terms, got)}
+    want = {"weights", "KV", "output", "compute"} | ({"recurrent"} if facts.hybrid else set())
+    assert set(compared) == want, got.lines  # a term for every buffer, a buffer for every term
+    for c in compared.values():
+        assert c.device == "CPU" and c.close, c.describe()
+    ple = next((t for t in terms if t.key == "ple"), None)
+    if ple is not None and ple.place == estimate.CACHE:  # the lazy table has its own mapping
+        assert any(llama_buffers.Comparison("ple", "CPU", ple.bytes, n).close for n in got.sizes("model"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model_path", ["smol", "qwen"], indirect=True)
+def test_on_the_gpu_each_term_is_within_ten_percent(model_path: Path):
+    """On the GPU machine: every layer offloaded; the GPU's buffers against the estimate."""
+    gpu = machine.probe()
+    if not gpu.gpu_offload or os.environ.get("VELO_TEST_GPU_LAYERS") != "-1":
+        pytest.skip("needs a GPU build and VELO_TEST_GPU_LAYERS=-1")
+    profile = test_profile(model_path, model={"n_gpu_layers": -1})
+    integrated = gpu.gpu is not None and gpu.gpu.integrated
+    terms = estimate.estimate(profile, read_facts(model_path), gpu_offload=True, integrated_gpu=integrated)
+    compared = llama_buffers.compare(terms, _measure(model_path, profile))
+    assert any(c.device == "GPU" for c in compared)
+    off = [c.describe() for c in compared if not c.close]
+    assert not off, off
 
 
 def test_the_hybrid_model_keeps_a_kv_cache_for_its_attention_layers_only(qwen_path: Path):
@@ -144,3 +160,16 @@ def test_print_config_shows_the_fit_table(velo_home):
     lines = config.stdout.splitlines()
     assert any(line.startswith("# Memory for profile 'default'") for line in lines)
     assert "#   verdict: fits" in lines
+
+
+def test_a_checked_load_logs_each_term_next_to_what_llama_cpp_allocated(qwen_path: Path, caplog):
+    engine = Engine(test_profile(qwen_path, model={"n_gpu_layers": 0}, checkpoints={"enabled": False}))
+    engine.check()
+    assert engine.fit is not None and engine.fit.fits
+    with caplog.at_level(logging.INFO, logger="velo_chat.engine.engine"):
+        engine.load()
+    engine.close()
+    said = [r for r in caplog.records if r.getMessage().startswith("fit estimate vs llama.cpp: ")]
+    what = {r.getMessage().split(": ", 1)[1].split(" (")[0] for r in said}
+    assert what == {"weights", "KV", "recurrent", "output", "compute"}
+    assert all(r.levelno == logging.INFO for r in said)  # a term more than 10% off is a WARNING

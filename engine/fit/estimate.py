@@ -89,9 +89,14 @@ def n_ctx_of(profile: Profile, facts: ModelFacts) -> int:
     return -(-n // N_CTX_PAD) * N_CTX_PAD
 
 
-def n_rs_seq_of(profile: Profile) -> int:
-    """Recurrent-state snapshots per sequence, if the profile has such a setting."""
-    return int(getattr(profile.context, "n_rs_seq", 0) or 0)
+def n_rs_seq_of(profile: Profile, facts: ModelFacts) -> int:
+    """Recurrent-state snapshots per sequence: with speculative decoding on a hybrid model the
+    engine keeps one per draft token (`speculation.max_draft`), so a rejected draft can be
+    rolled back; none otherwise."""
+    spec = profile.speculation
+    if not facts.hybrid or not getattr(spec, "enabled", False):
+        return 0
+    return int(getattr(spec, "max_draft", 0) or 0)
 
 
 def flash_attn_on(profile: Profile) -> bool:
@@ -219,7 +224,7 @@ def estimate(
                 )
 
     # -- recurrent state
-    rows = n_seq * (1 + n_rs_seq_of(profile))
+    rows = n_seq * (1 + n_rs_seq_of(profile, facts))
     rs_cpu = rs_gpu = 0
     ple_layer_state = facts.ple_conv_state * 4 * rows
     for i, il in enumerate(facts.recurrent_layers):

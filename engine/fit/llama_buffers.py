@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .. import llama_log
+from .estimate import Term
 
 MIB = 1 << 20
 LINE = re.compile(
@@ -69,3 +70,61 @@ def captured() -> Iterator[Buffers]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+
+
+def on_gpu(buffer: str) -> bool:
+    """A device buffer ("CUDA0"), not host memory ("CPU", "CPU_Mapped", "CUDA_Host")."""
+    return not (buffer.startswith("CPU") or buffer.endswith("_Host"))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One term of the estimate against what llama.cpp allocated for it."""
+
+    what: str  # weights, KV, recurrent, output, compute
+    device: str  # CPU or GPU
+    estimate: int
+    measured: int
+
+    @property
+    def close(self) -> bool:
+        """Within 10%, or within the log line's own rounding."""
+        return abs(self.estimate - self.measured) <= max(0.10 * self.measured, ROUNDING)
+
+    def describe(self) -> str:
+        off = (self.estimate / self.measured - 1) if self.measured else float("inf")
+        return (
+            f"{self.what} ({self.device}): estimated {self.estimate / MIB:.2f} MiB, "
+            f"llama.cpp {self.measured / MIB:.2f} MiB ({off:+.1%})"
+        )
+
+
+# (what, device) -> (llama.cpp buffer kind, the estimate's term keys)
+_GROUPS = {
+    ("weights", "CPU"): ("model", ("weights_cpu", "ple")),
+    ("weights", "GPU"): ("model", ("weights_gpu",)),
+    ("KV", "CPU"): ("KV", ("kv_cpu",)),
+    ("KV", "GPU"): ("KV", ("kv_gpu",)),
+    ("recurrent", "CPU"): ("RS", ("rs_cpu",)),
+    ("recurrent", "GPU"): ("RS", ("rs_gpu",)),
+    ("output", "CPU"): ("output", ("output",)),
+    ("compute", "CPU"): ("compute", ("compute_cpu",)),
+    ("compute", "GPU"): ("compute", ("compute_gpu",)),
+}
+
+
+def compare(terms: Sequence[Term], buffers: Buffers) -> list[Comparison]:
+    """Each term of the estimate next to the buffers llama.cpp logged for it (host buffers,
+    pinned ones included, count as CPU; the output buffer is always host memory)."""
+    by_key = {t.key: t.bytes for t in terms}
+    out = []
+    for (what, device), (kind, keys) in _GROUPS.items():
+        est = sum(by_key.get(k, 0) for k in keys)
+        measured = sum(
+            n
+            for k, buf, n in buffers.lines
+            if k == kind and (kind == "output" or on_gpu(buf) == (device == "GPU"))
+        )
+        if est or measured:
+            out.append(Comparison(what, device, est, measured))
+    return out
