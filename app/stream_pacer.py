@@ -1,13 +1,18 @@
 """Pace streamed-text updates by what rendering them costs the UI thread.
 
-Each update of the transcript (Markdown parse of the new tail, layout, a compositor pass) is
-Python on the UI thread. When llama.cpp's threads already use every core — the default on a
-small machine — every millisecond the UI thread runs is taken from the decode, and llama.cpp's
-threads wait for each other at every op, so a busy UI slows decoding far more than its own
-share (measured: 30 updates/s cost 25% of decode speed on 2 cores). The pacer reads the UI
-thread's own CPU clock and stretches the interval between updates so that the UI stays within a
-budget: 3% of a core when it shares the cores with llama.cpp, half a core when it has one of its
-own. A fast machine still streams 30 times a second; a small one streams less often, not slower.
+Each update of the transcript (Markdown parse of the new tail, a layout of the whole screen, a
+compositor pass) is Python on the UI thread. When llama.cpp's threads already use every core (the
+default on a small machine), every millisecond the UI thread runs is taken from the decode, and
+llama.cpp's threads wait for each other at every op, so the decode loses about twice the UI's
+share of a core: measured on 2 cores, a UI using 5% of a core cost 9-10% of the decode speed.
+The cost of one update also grows with the transcript: Textual lays out every widget on the
+screen for each one, several hundred in a long session (benchmarks/README.md, the TUI section).
+
+The pacer reads the UI thread's own CPU clock and stretches the interval between updates so that
+the UI stays within a budget: 1% of a core when it shares the cores with llama.cpp, half a core
+when it has one of its own. A fast machine still streams 30 times a second; a small one streams
+a few times a second with a short transcript and every two seconds at worst with a long one:
+less often, not slower.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import time
 
 class StreamPacer:
     MIN_INTERVAL = 1 / 30
-    MAX_INTERVAL = 1.0
+    MAX_INTERVAL = 2.0
+    SHARED_CORES_SHARE = 0.01
+    OWN_CORE_SHARE = 0.5
 
     def __init__(self, ui_thread_id: int | None, *, ui_has_own_core: bool) -> None:
-        self.share = 0.5 if ui_has_own_core else 0.03
+        self.share = self.OWN_CORE_SHARE if ui_has_own_core else self.SHARED_CORES_SHARE
         try:
             self._clock: int | None = (
                 time.pthread_getcpuclockid(ui_thread_id) if ui_thread_id is not None else None

@@ -1,149 +1,395 @@
-"""Decode tok/s inside the TUI vs the headless engine, same model, same run, printed as JSON.
+"""Decode tok/s of the TUI in a real terminal against `velo-chat ask`, same run, JSON and a table.
 
-The app runs headless (Textual's test driver: it renders every frame, it just writes nowhere)
-with the real SmolLM2 engine; each TUI turn decodes a fixed number of greedy tokens
-(`ignore_eos`), streamed into the transcript and the live panel. Two references, same run:
-the same engine turn driven by a plain loop in this process, alternated with the TUI turns so
-both see the same machine, and `velo-chat bench`'s decode figure from its own process.
+The TUI runs as a user runs it: `velo-chat` in a tmux pane (a real pseudo-terminal: Textual's
+Linux driver writes every frame, tmux parses it), driven with `send-keys`. `velo-chat ask` runs
+the same turn from its own process: the same profile (greedy, the same max tokens, the same
+threads), the same prompt, the same conversation before it. The two alternate (ask first in even
+runs, the TUI first in odd ones) so both see the same machine. Each reply's decode rate is read
+from the stats the app stored in the session database (`messages.stats`), the same figure for
+both.
 
-    .venv/bin/python benchmarks/tui_decode.py [--tokens 256] [--repeats 3]
+Two cases: `short` (a new session) and `long` (a session already holding several thousand tokens
+of Markdown transcript, all on screen in the TUI, before the measured reply). Everything lives in
+a temporary VELO_CHAT_HOME with the default model linked in; nothing touches the user's files.
+
+    .venv/bin/python benchmarks/tui_decode.py [--tokens 256] [--repeats 2] [--size 120x40]
+
+`VELO_BENCH_PROFILE_TUI=FILE` runs the TUI under cProfile (its UI thread) and writes the stats
+to FILE when it quits; the figures of that run are then not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
+import random
+import shlex
+import shutil
+import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+PROMPT = "Write a long story about a lighthouse keeper."
+PROFILE = "bench"
+READY_MARK = "reuses "  # the resume-cost line: shown once the model is loaded and idle
+BUSY_MARK = "Esc stops"  # the same line while a reply streams
+WORDS = (
+    "the lighthouse keeper walked along rocky coast every evening while storms gathered over "
+    "grey water and ships passed slowly beyond reef carrying timber salt wool letters from "
+    "distant harbours he wrote careful notes about wind tide fog lamp oil brass gears clockwork "
+    "that turned great lens village children climbed stairs asked questions about whales "
+    "stars winter bread nets gulls"
+).split()
 
-async def tui_turn(pilot, screen, prompt: str) -> float:
-    from velo_chat.app.widgets.composer.composer import Composer
-
-    screen.query_one(Composer).load_text(prompt)
-    await pilot.press("enter")
-    while not screen.busy:
-        await asyncio.sleep(0.01)
-    while screen.busy:
-        await asyncio.sleep(0.02)
-    await pilot.pause()
-    reply = pilot.app.store.messages(screen.session.id)[-1]
-    return float(reply.stats["decode_tok_s"])
-
-
-def headless_turn(engine, prompt: str, tokens: int) -> float:
-    from velo_chat.engine.chat_template import ChatMessage
-    from velo_chat.engine.events import TurnDone
-
-    engine.reset()
-    for event in engine.turn([ChatMessage("user", prompt)], max_tokens=tokens, ignore_eos=True):
-        if isinstance(event, TurnDone):
-            return event.stats.decode_tok_s
-    raise RuntimeError("no TurnDone")
+_PROFILE_HOOK = """\
+import cProfile, os, sys
+from velo_chat.app.cli import main
+p = cProfile.Profile()
+p.enable()
+try:
+    code = main(sys.argv[1:])
+finally:
+    p.disable()
+    p.dump_stats(os.environ["VELO_BENCH_PROFILE_TUI"])
+sys.exit(code)
+"""
 
 
-def cli_bench_decode(tokens: int, repeats: int) -> float:
-    """Decode tok/s from `velo-chat bench` in its own process (median of its repeats)."""
-    import subprocess
+def velo_cmd(*args: str, profiled: bool = False) -> list[str]:
+    """`velo-chat ARGS` with this interpreter (`profiled`: under the cProfile hook above)."""
+    if profiled:
+        return [sys.executable, "-c", _PROFILE_HOOK, *args]
+    return [sys.executable, "-m", "velo_chat.app.cli", *args]
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "velo_chat.app.cli",
-            "bench",
-            "--json",
-            "--no-resume",
-            "--prefill-sizes",
-            "64",
-            "--decode-tokens",
-            str(tokens),
-            "--repeats",
-            str(repeats),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+
+# -- the isolated home ------------------------------------------------------------------------
+
+
+def make_home(root: Path, model: Path, args: argparse.Namespace) -> Path:
+    models = root / "data" / "models"
+    models.mkdir(parents=True)
+    (models / model.name).symlink_to(model)
+    profiles = root / "config" / "profiles"
+    profiles.mkdir(parents=True)
+    threads = args.threads if args.threads in ("auto",) else int(args.threads)
+    (profiles / f"{PROFILE}.toml").write_text(
+        f"[context]\nn_ctx = {args.n_ctx}\nn_threads = {json.dumps(threads)}\n"
+        f"[sampling]\ntemperature = 0.0\nmax_tokens = {args.tokens}\n"
     )
-    return float(json.loads(proc.stdout)["decode"]["tok_s"])
+    return root
 
 
-async def main(args: argparse.Namespace) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from velo_chat.app.app import make_app
-    from velo_chat.app.screens.chat import ChatScreen
-    from velo_chat.app.settings import AppSettings
-    from velo_chat.engine.setup import default_model
-    from velo_chat.engine.engine import Engine
-    from velo_chat.engine.config.profiles import build_profile
+def markdown_reply(rng: random.Random, n_words: int) -> str:
+    """A plausible assistant answer: a heading, paragraphs, a list and a code block."""
+    out, left = [f"## {' '.join(rng.choices(WORDS, k=4)).capitalize()}"], n_words
+    while left > 0:
+        kind = rng.random()
+        if kind < 0.6:
+            k = rng.randint(40, 80)
+            out.append(" ".join(rng.choices(WORDS, k=k)).capitalize() + ".")
+        elif kind < 0.8:
+            k = 0
+            items = []
+            for _ in range(rng.randint(3, 5)):
+                n = rng.randint(5, 12)
+                items.append("- **" + rng.choice(WORDS) + "**: " + " ".join(rng.choices(WORDS, k=n)))
+                k += n + 1
+            out.append("\n".join(items))
+        else:
+            lines = [
+                f"{rng.choice(WORDS)}_{i} = {rng.randint(0, 999)}  # {rng.choice(WORDS)}" for i in range(6)
+            ]
+            out.append("```python\n" + "\n".join(lines) + "\n```")
+            k = 24
+        left -= k
+    return "\n\n".join(out)
+
+
+def prefill_session(db: Path, title: str, words: int) -> str:
+    """A session holding `words` words of transcript (user questions and Markdown answers)."""
     from velo_chat.store import SessionStore
 
-    model = default_model.require_default_model()
-    profile = build_profile(
-        "bench",
-        {
-            "model": {"path": str(model)},
-            "context": {"n_ctx": 2048, "n_threads": args.threads},
-            "sampling": {"temperature": 0.0, "max_tokens": args.tokens},
-        },
+    rng = random.Random(7)  # the same transcript for every copy
+    with SessionStore(db) as store:
+        session = store.create_session(PROFILE, title=title)
+        written = 0
+        while written < words:
+            question = " ".join(rng.choices(WORDS, k=12)).capitalize() + "?"
+            store.add_message(session.id, "user", question)
+            n = 600
+            store.add_message(session.id, "assistant", markdown_reply(rng, n))
+            written += n + 12
+        return session.id
+
+
+def reply_stats(db: Path, after_id: int) -> tuple[int, dict] | None:
+    """The newest finished assistant reply with an id above `after_id`: (id, stats)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        row = con.execute(
+            "SELECT id, stats FROM messages WHERE role = 'assistant' AND id > ? ORDER BY id DESC LIMIT 1",
+            (after_id,),
+        ).fetchone()
+    finally:
+        con.close()
+    if row is None:
+        return None
+    stats = json.loads(row[1] or "{}")
+    return (row[0], stats) if "decode_tok_s" in stats else None
+
+
+def last_id(db: Path) -> int:
+    if not db.exists():
+        return 0
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        return con.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
+    finally:
+        con.close()
+
+
+# -- the TUI in tmux --------------------------------------------------------------------------
+
+
+class TmuxApp:
+    def __init__(self, home: Path, size: tuple[int, int]) -> None:
+        self.socket = f"velo-bench-{os.getpid()}"
+        self.home = home
+        env = {"VELO_CHAT_HOME": str(home), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
+        if os.environ.get("VELO_BENCH_PROFILE_TUI"):
+            env["VELO_BENCH_PROFILE_TUI"] = os.environ["VELO_BENCH_PROFILE_TUI"]
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        argv = velo_cmd("--profile", PROFILE, profiled="VELO_BENCH_PROFILE_TUI" in env)
+        cmd = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
+        self._tmux("new-session", "-d", "-s", "app", "-x", str(size[0]), "-y", str(size[1]), cmd)
+
+    def wait_ready(self) -> None:
+        self.wait_for(lambda s: READY_MARK in s, 120, "the model to load")
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    def screen(self) -> str:
+        return self._tmux("capture-pane", "-p", "-t", "app")
+
+    def keys(self, *keys: str) -> None:
+        self._tmux("send-keys", "-t", "app", *keys)
+
+    def type(self, text: str) -> None:
+        self._tmux("send-keys", "-t", "app", "-l", text)
+
+    def wait_for(self, ok, timeout: float, what: str) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            screen = self.screen()
+            if ok(screen):
+                return screen
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out waiting for {what}; the screen:\n{self.screen()}")
+
+    def idle(self) -> None:
+        self.wait_for(lambda s: READY_MARK in s and BUSY_MARK not in s, 60, "the app to be idle")
+
+    def open_session(self, title: str) -> None:
+        self.keys("C-f")
+        self.type(title)
+        self.keys("Enter")  # to the filtered list: one match
+        time.sleep(0.3)
+        self.keys("Home")
+        self.keys("Enter")
+        self.wait_for(lambda s: title in s.splitlines()[0], 30, f"session {title!r} to open")
+        self.keys("C-l")
+        self.idle()
+
+    def new_session(self) -> None:
+        self.keys("C-n")
+        self.wait_for(lambda s: "new session" in s.splitlines()[0], 30, "a new session")
+        self.keys("C-l")
+
+    def quit(self) -> None:
+        try:
+            self.keys("C-q")
+            end = time.monotonic() + 20
+            while time.monotonic() < end:
+                if subprocess.run(["tmux", "-L", self.socket, "has-session"], capture_output=True).returncode:
+                    return
+                time.sleep(0.2)
+        finally:
+            subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+
+
+def tui_turn(app: TmuxApp, db: Path, prompt: str) -> dict:
+    before = last_id(db)
+    app.type(prompt)
+    app.keys("Enter")
+    end = time.monotonic() + 600
+    while (found := reply_stats(db, before)) is None:
+        if time.monotonic() > end:
+            raise RuntimeError(f"no reply stored; the screen:\n{app.screen()}")
+        time.sleep(0.5)
+    app.idle()
+    return found[1]
+
+
+def ask_turn(home: Path, prompt: str, session: str | None) -> dict:
+    db = home / "data" / "sessions.sqlite3"
+    before = last_id(db)
+    args = ["ask", "--profile", PROFILE, "--json"] + (["--session", session] if session else []) + [prompt]
+    env = {**os.environ, "VELO_CHAT_HOME": str(home)}
+    env.pop("VELO_BENCH_PROFILE_TUI", None)
+    # its own session, as from a shell in another terminal: the TUI runs in tmux's (Linux
+    # shares the CPU between sessions first, so the same session would handicap one side)
+    subprocess.run(
+        velo_cmd(*args), env=env, check=True, capture_output=True, text=True, start_new_session=True
     )
-    home = Path(tempfile.mkdtemp(prefix="velo-tui-bench-"))
-    store = SessionStore(home / "sessions.db")
-    app = make_app(
-        profile,
-        store=store,
-        settings=AppSettings(),
-        memory_interval=2.0,
-        turn_kwargs={"ignore_eos": True, "max_tokens": args.tokens},
-    )
-    headless_engine = Engine(profile)
-    headless_engine.load()
-    prompt = "Write a long story about a lighthouse keeper."
-    tui, headless = [], []
-    t0 = time.perf_counter()
-    async with app.run_test(size=(120, 40)) as pilot:
-        screen = next(s for s in app.screen_stack if isinstance(s, ChatScreen))
-        while not screen.model_ready:
-            await asyncio.sleep(0.05)
-        headless_turn(headless_engine, prompt, 16)  # warm-up both
-        await tui_turn(pilot, screen, "warm up")
-        for _ in range(args.repeats):
-            await pilot.press("ctrl+n")
-            await pilot.pause()
-            await asyncio.sleep(1.0)
-            headless.append(headless_turn(headless_engine, prompt, args.tokens))
-            tui.append(await tui_turn(pilot, screen, prompt))
-    headless_engine.close()
-    store.close()
-    cli = cli_bench_decode(args.tokens, args.repeats)
-    t_med, h_med = statistics.median(tui), statistics.median(headless)
+    found = reply_stats(db, before)
+    if found is None:
+        raise RuntimeError("`velo-chat ask` stored no reply stats")
+    return found[1]
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def summary(stats: dict) -> dict:
     return {
-        "benchmark": "tui_decode",
-        "model": model.name,
-        "decode_tokens": args.tokens,
-        "repeats": args.repeats,
-        "n_threads": args.threads,
-        "cpus": os.cpu_count(),
-        "tui_decode_tok_s": [round(x, 1) for x in tui],
-        "headless_decode_tok_s": [round(x, 1) for x in headless],
-        "tui_median": round(t_med, 1),
-        "headless_median": round(h_med, 1),
-        "ratio": round(t_med / h_med, 3),
-        "target": 0.95,
-        "cli_bench_decode_tok_s": cli,
-        "ratio_vs_cli_bench": round(t_med / cli, 3),
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "decode_tok_s": stats["decode_tok_s"],
+        "decode_tokens": stats.get("decode_tokens"),
+        "prompt_tokens": stats.get("prompt_tokens"),
+        # wall time of the decode over llama.cpp's own eval time: what the process adds
+        "wall_over_eval": round(stats["wall_ms"] / stats["llama_eval_ms"], 3)
+        if stats.get("llama_eval_ms")
+        else None,
     }
 
 
-if __name__ == "__main__":
+def loadavg() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def run(args: argparse.Namespace) -> dict:
+    from velo_chat.engine.setup import default_model
+
+    model = default_model.require_default_model()  # the user's copy, before the home moves
+    root = Path(tempfile.mkdtemp(prefix="velo-tui-bench-"))
+    home = make_home(root / "home", model, args)
+    db = home / "data" / "sessions.sqlite3"
+    os.environ["VELO_CHAT_HOME"] = str(home)
+    width, height = (int(x) for x in args.size.split("x"))
+    cases = args.cases.split(",")
+    long_sessions = {}
+    if "long" in cases:
+        for r in range(args.repeats):
+            for side in ("tui", "ask"):
+                long_sessions[r, side] = prefill_session(db, f"bench-long-{r}-{side}", args.long_words)
+    t0 = time.perf_counter()
+    load_before = loadavg()
+    app = TmuxApp(home, (width, height))
+    runs = []
+    try:
+        app.wait_ready()
+        app.new_session()
+        tui_turn(app, db, "Say hello.")  # warm-up, not counted
+        ask_turn(home, "Say hello.", None)
+        for r in range(args.repeats):
+            for case in cases:
+                pair = {}
+                order = ("ask", "tui") if r % 2 == 0 else ("tui", "ask")
+                for side in order:
+                    if side == "tui":
+                        if case == "long":
+                            app.open_session(f"bench-long-{r}-tui")
+                        else:
+                            app.new_session()
+                        pair["tui"] = summary(tui_turn(app, db, PROMPT))
+                    else:
+                        session = long_sessions[r, "ask"] if case == "long" else None
+                        pair["ask"] = summary(ask_turn(home, PROMPT, session))
+                pair["ratio"] = round(pair["tui"]["decode_tok_s"] / pair["ask"]["decode_tok_s"], 3)
+                runs.append({"run": r + 1, "case": case, "first": order[0], **pair})
+                print(
+                    f"run {r + 1} {case:5}: TUI {pair['tui']['decode_tok_s']:.1f} ask "
+                    f"{pair['ask']['decode_tok_s']:.1f} tok/s -> {pair['ratio']:.3f}",
+                    file=sys.stderr,
+                )
+    finally:
+        app.quit()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    by_case = {}
+    for case in cases:
+        ratios = [x["ratio"] for x in runs if x["case"] == case]
+        by_case[case] = {
+            "ratios": ratios,
+            "median": round(statistics.median(ratios), 3),
+            "worst": min(ratios),
+        }
+    return {
+        "benchmark": "tui_decode",
+        "model": model.name,
+        "terminal": f"tmux {width}x{height}",
+        "max_tokens": args.tokens,
+        "threads": args.threads,
+        "n_ctx": args.n_ctx,
+        "prompt": PROMPT,
+        "cpus": len(os.sched_getaffinity(0)),
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
+        "runs": runs,
+        "ratio_tui_over_ask": by_case,
+        "target": 0.95,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "home": str(root) if args.keep else None,
+    }
+
+
+def table(result: dict) -> str:
+    head = ("run", "case", "first", "prompt tokens", "decode tokens", "TUI tok/s", "ask tok/s", "TUI/ask")
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for x in result["runs"]:
+        tui, ask = x["tui"], x["ask"]
+        cells = (x["run"], x["case"], x["first"], f"{tui['prompt_tokens']:,}", tui["decode_tokens"])
+        cells += (f"{tui['decode_tok_s']:.1f}", f"{ask['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
+        rows.append("| " + " | ".join(str(c) for c in cells) + " |")
+    rows.append("")
+    for case, c in result["ratio_tui_over_ask"].items():
+        rows.append(
+            f"{case}: median TUI/ask {c['median']:.3f}, worst {c['worst']:.3f} (target {result['target']})"
+        )
+    rows.append(f"loadavg {result['loadavg_before']} before, {result['loadavg_after']} after")
+    return "\n".join(rows)
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    print(json.dumps(asyncio.run(main(parser.parse_args()))))
+    parser.add_argument("--tokens", type=int, default=256, help="max tokens of each reply (greedy)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cases", default="short,long", help="short, long or both (comma-separated)")
+    parser.add_argument("--size", default="120x40", help="the tmux pane, COLSxROWS")
+    parser.add_argument("--threads", default="auto", help='the profile\'s n_threads ("auto" or a number)')
+    parser.add_argument("--n-ctx", type=int, default=8192)
+    parser.add_argument("--long-words", type=int, default=3600, help="transcript words before the long case")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary home (and print where)")
+    parser.add_argument("--json-only", action="store_true")
+    args = parser.parse_args()
+    if shutil.which("tmux") is None:
+        sys.exit("tui_decode: tmux is needed (apt-get install tmux)")
+    result = run(args)
+    print(json.dumps(result))
+    if not args.json_only:
+        print(table(result), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,11 @@ to the first answer token under the TTFT (shown only for a reply that had reason
 The chat screen calls its methods (calls go down); it never talks to the engine. Its `clock`
 (for the live TTFT while waiting) and `memory_probe` are injectable so snapshots are
 deterministic. Decode rates come from token timestamps (`DecodeMeter`).
+
+Its lines change several times a second while a reply streams, and in Textual any widget that
+asks for a layout makes the whole screen lay out again: every message of the transcript, several
+hundred widgets in a long session. So a line is rewritten only when its text changed, and without
+a layout when it keeps its number of lines and fits the panel (`_show`).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class LivePanel(Vertical):
         self.fill_tokens = 0
         self.graphs = "—"
         self.speculation = "off"
+        self._lines: dict[str, str] = {}  # what each line shows (`_show`)
 
     def compose(self) -> ComposeResult:
         yield Static("Model", classes="panel-title")
@@ -138,8 +144,9 @@ class LivePanel(Vertical):
         box.display = p.done < p.total
         bar = self.query_one("#panel-prefill-bar", ProgressBar)
         bar.update(total=max(p.total, 1), progress=p.done)
-        self.query_one("#panel-prefill-stats", Static).update(
-            f"{p.done:,}/{p.total:,} · {_rate(p.tok_s)} tok/s\nETA {p.eta_s:.1f} s"
+        self._show(
+            "#panel-prefill-stats",
+            f"{p.done:,}/{p.total:,} · {_rate(p.tok_s)} tok/s\nETA {p.eta_s:.1f} s",
         )
 
     def tokens(
@@ -177,29 +184,48 @@ class LivePanel(Vertical):
 
     # -- rendering ----------------------------------------------------------------------------
 
+    def _show(self, selector: str, text: str) -> None:
+        """Set a panel line; ask for a layout only if its height may change."""
+        old = self._lines.get(selector)
+        if text == old:
+            return
+        static = self.query_one(selector, Static)
+        width = static.content_size.width
+        same_shape = (
+            old is not None
+            and text.count("\n") == old.count("\n")
+            and width > 0
+            and all(len(line) <= width for line in text.split("\n"))  # markup only overestimates
+        )
+        self._lines[selector] = text
+        static.update(text, layout=not same_shape)
+
     def _render_decode(self, final: float | None = None) -> None:
         m = self.meter
         avg = final if final is not None else m.average
-        self.query_one("#panel-decode", Static).update(
-            f"now [b]{_rate(m.current)}[/b] avg {_rate(avg)}\npeak {_rate(m.peak)} · {m.n_tokens:,} tok"
+        self._show(
+            "#panel-decode",
+            f"now [b]{_rate(m.current)}[/b] avg {_rate(avg)}\npeak {_rate(m.peak)} · {m.n_tokens:,} tok",
         )
         ttft = "—" if self.ttft is None else f"{self.ttft:.2f} s"
         thinking = self.query_one("#panel-thinking", Static)
         thinking.display = self.n_reasoning > 0
         if self.n_reasoning:
             answer = "—" if self.first_answer is None else f"{self.first_answer:.2f} s"
-            thinking.update(
-                f"thinking {self.n_reasoning:,} · answer {max(0, m.n_tokens - self.n_reasoning):,} tok"
+            self._show(
+                "#panel-thinking",
+                f"thinking {self.n_reasoning:,} · answer {max(0, m.n_tokens - self.n_reasoning):,} tok",
             )
             ttft += f"\nfirst answer {answer}"
-        self.query_one("#panel-ttft", Static).update(f"TTFT {ttft}")
+        self._show("#panel-ttft", f"TTFT {ttft}")
 
     def _render_context(self) -> None:
         fill = "—"
         if self.n_ctx:
             fill = f"{self.fill_tokens:,}/{self.n_ctx:,} ({self.fill_tokens / self.n_ctx:.0%})"
-        self.query_one("#panel-context", Static).update(
-            f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\nspeculation {self.speculation}"
+        self._show(
+            "#panel-context",
+            f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\nspeculation {self.speculation}",
         )
 
     def refresh_memory(self) -> None:
@@ -207,4 +233,4 @@ class LivePanel(Vertical):
         text = f"RSS {_mib(rss)}"
         if gpu is not None:
             text += f"\nGPU {_mib(gpu)}"
-        self.query_one("#panel-memory", Static).update(text)
+        self._show("#panel-memory", text)
