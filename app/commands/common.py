@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 from velo_chat.engine.config import locations
@@ -14,6 +15,7 @@ from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import CleanText
 
+from ..load_rate import LoadRate, model_bytes
 from .fit_gate import check_fit
 
 
@@ -60,12 +62,16 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAP
     label = profile.backend.base_url if profile.backend.kind == "remote" else engine_label(profile, model)
     show = not quiet and sys.stderr.isatty()
     last = [-1]
+    raw = model or profile.model.path
+    local = profile.backend.kind != "remote" and raw != "default"
+    rate = LoadRate(model_bytes(Path(raw)) if local else None)
 
     def on_event(event: object) -> None:
         progress = getattr(event, "progress", None)
         if show and progress is not None and int(progress * 20) != last[0]:
             last[0] = int(progress * 20)
-            sys.stderr.write(f"\rloading {label} {progress:4.0%}")
+            speed = rate.text(progress)
+            sys.stderr.write(f"\r\033[Kloading {label} {progress:4.0%}" + (f"  {speed}" if speed else ""))
             sys.stderr.flush()
 
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from pathlib import Path
 
 from rich.markup import escape
 from textual import on, work
@@ -29,6 +30,7 @@ from velo_chat.store.input_text import BinaryInput, clean_text
 from .. import keymap
 from ..dialogs.confirm import ConfirmDialog
 from ..dialogs.message import error_dialog
+from ..load_rate import LoadRate, model_bytes
 from ..generation import TurnRequest, run_apply, run_load, run_preview, run_turn
 from ..messages import (
     EngineNotice,
@@ -69,6 +71,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self._activate_on_ready = False  # make the loading profile the saved active one
         self._model_info: ModelLoaded | None = None  # what the running engine reported
         self._loading_name = ""
+        self._load_rate = LoadRate(None)  # bytes/s and time left of the load in progress
         self._reply: MessageView | None = None
         self._user_view: MessageView | None = None
         self._preview_timer: Timer | None = None
@@ -125,6 +128,8 @@ class ChatScreen(SessionActions, Screen[None]):
         self._load_id += 1
         self._activate_on_ready = activate
         self._loading_name = self._model_name(profile)
+        local = profile.backend.kind != "remote" and profile.model.path != "default"
+        self._load_rate = LoadRate(model_bytes(Path(profile.model.path)) if local else None)
         self.query_one(LivePanel).model_loading(0.0, self._loading_name)
         self._load(profile, self._load_id, self._load_cancel, force)
 
@@ -141,7 +146,9 @@ class ChatScreen(SessionActions, Screen[None]):
 
     def on_model_load_progress(self, msg: ModelLoadProgress) -> None:
         if msg.load_id == self._load_id:
-            self.query_one(LivePanel).model_loading(msg.progress, self._loading_name)
+            rate = self._load_rate.text(msg.progress)
+            name = f"{self._loading_name} ({rate})" if rate else self._loading_name
+            self.query_one(LivePanel).model_loading(msg.progress, name)
 
     def on_model_ready(self, msg: ModelReady) -> None:
         if msg.load_id != self._load_id:
