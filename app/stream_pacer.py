@@ -18,6 +18,20 @@ less often, not slower.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+
+
+def thread_cpu_clock(thread_id: int | None) -> Callable[[], float] | None:
+    """The CPU seconds a thread has used so far, as a function; None where there is no
+    per-thread CPU clock."""
+    try:
+        clock = time.pthread_getcpuclockid(thread_id) if thread_id is not None else None
+        if clock is None:
+            return None
+        time.clock_gettime(clock)
+    except (OSError, AttributeError):
+        return None
+    return lambda: time.clock_gettime(clock)
 
 
 class StreamPacer:
@@ -26,16 +40,18 @@ class StreamPacer:
     SHARED_CORES_SHARE = 0.01
     OWN_CORE_SHARE = 0.5
 
-    def __init__(self, ui_thread_id: int | None, *, ui_has_own_core: bool) -> None:
+    def __init__(
+        self,
+        ui_thread_id: int | None,
+        *,
+        ui_has_own_core: bool,
+        cpu_clock: Callable[[], float] | None = None,
+    ) -> None:
+        """`cpu_clock`: the UI thread's CPU seconds (tests); by default read from the thread
+        `ui_thread_id`. Without a clock the pace stays at `MIN_INTERVAL`."""
         self.share = self.OWN_CORE_SHARE if ui_has_own_core else self.SHARED_CORES_SHARE
-        try:
-            self._clock: int | None = (
-                time.pthread_getcpuclockid(ui_thread_id) if ui_thread_id is not None else None
-            )
-            self._cpu = time.clock_gettime(self._clock) if self._clock is not None else 0.0
-        except (OSError, AttributeError):  # no per-thread CPU clock: fixed rate
-            self._clock = None
-            self._cpu = 0.0
+        self._clock = cpu_clock or thread_cpu_clock(ui_thread_id)
+        self._cpu = self._clock() if self._clock is not None else 0.0
         self.interval = self.MIN_INTERVAL
         self._last = float("-inf")
 
@@ -47,6 +63,6 @@ class StreamPacer:
         self._last = now
         if self._clock is None:
             return
-        cpu = time.clock_gettime(self._clock)
+        cpu = self._clock()
         used, self._cpu = cpu - self._cpu, cpu
         self.interval = min(self.MAX_INTERVAL, max(self.MIN_INTERVAL, used / self.share))

@@ -9,6 +9,7 @@ from velo_chat.app import keymap
 from velo_chat.app.app import reload_needed
 from velo_chat.app.screens.help import help_text
 from velo_chat.app.settings import load_app_settings
+from velo_chat.app.stream_pacer import StreamPacer
 from velo_chat.app.widgets.telemetry.meter import DecodeMeter
 from velo_chat.app.widgets.transcript.text import code_blocks
 from velo_chat.engine.config.profiles import build_profile
@@ -55,3 +56,53 @@ def test_keymap_setting(tmp_path):
     )
     s = load_app_settings(path)
     assert s.keymap == {"session.new": "ctrl+k"} and "bogus" in s.problems[0]
+
+
+def test_pacer_keeps_the_ui_within_its_share_of_a_core():
+    cpu = [0.0]
+    pacer = StreamPacer(None, ui_has_own_core=False, cpu_clock=lambda: cpu[0])
+    assert pacer.due(0.0)
+    pacer.posted(0.0)
+    cpu[0] += 0.004  # one cheap update: 4 ms of UI time
+    pacer.posted(0.1)
+    assert pacer.interval == 0.004 / StreamPacer.SHARED_CORES_SHARE
+    assert not pacer.due(0.1 + pacer.interval / 2) and pacer.due(0.1 + pacer.interval)
+    cpu[0] += 1.0  # an update that costs a second: the pace stops at the ceiling
+    pacer.posted(1.0)
+    assert pacer.interval == StreamPacer.MAX_INTERVAL
+    own = StreamPacer(None, ui_has_own_core=True, cpu_clock=lambda: cpu[0])
+    cpu[0] += 0.001
+    own.posted(0.0)
+    assert own.interval == StreamPacer.MIN_INTERVAL  # a core of its own: 30 updates a second
+
+
+def test_pacer_without_a_cpu_clock_streams_at_the_fastest_pace():
+    pacer = StreamPacer(None, ui_has_own_core=False)
+    pacer.posted(0.0)
+    assert pacer.interval == StreamPacer.MIN_INTERVAL and pacer.due(StreamPacer.MIN_INTERVAL)
+
+
+async def test_panel_lines_follow_every_update_with_or_without_a_layout():
+    from textual.app import App
+    from textual.widgets import Static
+
+    from velo_chat.app.widgets.telemetry.panel import LivePanel
+
+    class PanelApp(App):
+        def compose(self):
+            yield LivePanel(clock=lambda: 0.0, memory_probe=lambda: (2**20, None), memory_interval=None)
+
+    app = PanelApp()
+    async with app.run_test(size=(40, 30)) as pilot:
+        panel = app.query_one(LivePanel)
+        decode = app.query_one("#panel-decode", Static)
+        panel.turn_sent()
+        for n in range(1, 101):  # 100 tok/s: the same two lines, other numbers
+            panel.tokens(n, 0.0, (n - 1) * 0.01)
+        await pilot.pause()
+        assert "avg 100.0" in str(decode.render()) and "100 tok" in str(decode.render())
+        height = app.query_one("#panel-ttft", Static).size.height
+        panel.tokens(101, 0.0, 1.0, n_reasoning=40)  # the TTFT line gains a second line
+        await pilot.pause()
+        assert app.query_one("#panel-ttft", Static).size.height == height + 1
+        assert "thinking 40" in str(app.query_one("#panel-thinking", Static).render())
