@@ -148,7 +148,7 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
             residency.warm(facts.ple_shard, facts.ple_offset, facts.ple_bytes, warm)
         res = residency.resident(facts.ple_shard, facts.ple_offset, facts.ple_bytes)
         out["ple_residency"] = res.to_json()
-        if res.fraction < 0.9:
+        if res.fraction < residency.WARM_BELOW:
             advice.append(
                 f"the PLE table is {res.fraction:.0%} in the page cache: the first turns read it from "
                 "disk (`velo-chat doctor --warm-ple` reads it in)"

@@ -31,6 +31,7 @@ from .. import keymap
 from ..dialogs.confirm import ConfirmDialog
 from ..dialogs.message import error_dialog
 from ..load_rate import LoadRate, model_bytes
+from ..ple_watch import PleWatch
 from ..generation import TurnRequest, run_apply, run_load, run_preview, run_turn
 from ..messages import (
     EngineNotice,
@@ -53,6 +54,7 @@ from ..widgets.transcript.transcript import Transcript
 from .chat_sessions import SessionActions
 
 NARROW = 100  # below this many columns the sidebar starts collapsed
+PLE_INTERVAL = 10.0  # seconds between looks at the PLE table's page-cache residency
 
 
 class ChatScreen(SessionActions, Screen[None]):
@@ -72,6 +74,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self._model_info: ModelLoaded | None = None  # what the running engine reported
         self._loading_name = ""
         self._load_rate = LoadRate(None)  # bytes/s and time left of the load in progress
+        self._ple_timer: Timer | None = None  # polls the PLE table's page-cache residency
         self._reply: MessageView | None = None
         self._user_view: MessageView | None = None
         self._preview_timer: Timer | None = None
@@ -159,6 +162,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self._sync_composer()
         self.app.adopt_profile(msg.profile, activate=self._activate_on_ready)
         self.query_one(LivePanel).model_ready(msg.info, self._model_name(msg.profile))
+        self._watch_ple(msg.info)
         self.request_preview()
 
     def on_model_load_failed(self, msg: ModelLoadFailed) -> None:
@@ -391,6 +395,30 @@ class ChatScreen(SessionActions, Screen[None]):
 
     def on_unmount(self) -> None:
         self.stop_engine_work()
+
+    # -- the PLE table's page-cache residency -------------------------------------------------
+
+    def _watch_ple(self, info: ModelLoaded) -> None:
+        """Follow the loaded model's PLE table in the page cache (the live panel shows it):
+        looked at once now, then every `PLE_INTERVAL` seconds if the model has one."""
+        if self._ple_timer is not None:
+            self._ple_timer.stop()
+            self._ple_timer = None
+        self.query_one(LivePanel).ple_residency(None)
+        self._probe_ple(PleWatch(Path(info.path)))
+
+    @work(thread=True, exclusive=True, group="ple")
+    def _probe_ple(self, watch: PleWatch) -> None:
+        fraction = watch.fraction()  # headers and mincore: off the UI thread
+        if fraction is not None:
+            self.app.call_from_thread(self._show_ple, watch, fraction)
+
+    def _show_ple(self, watch: PleWatch, fraction: float) -> None:
+        if self._model_info is None or Path(self._model_info.path) != watch.model_path:
+            return  # another model since
+        self.query_one(LivePanel).ple_residency(fraction)
+        if self._ple_timer is None:
+            self._ple_timer = self.set_interval(PLE_INTERVAL, lambda: self._probe_ple(watch))
 
     def stop_engine_work(self) -> None:
         """The app is closing: stop a running turn or load so the engine can be closed."""

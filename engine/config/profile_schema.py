@@ -105,16 +105,13 @@ class ModelSettings:
         max=100000,
         reload="model",
     )
-    use_mmap: bool = setting(
-        True,
-        "Map the GGUF instead of reading it into buffers. Mapped weights live in the page cache: "
-        "a model already cached starts fastest (on the CPU), but the kernel may evict its pages "
-        "under memory pressure and read them back from disk. false reads each tensor into its "
-        "own buffer (for layers on a GPU, the way to load them fast; llama.cpp users report a "
-        "Spark loading about 10x faster this way). A lazily read PLE table (`lazy_ple`) stays "
-        "mapped either way (docs/fit.md).",
-        reload="model",
-    )
+    # The trade-off (docs/fit.md): mapped weights live in the page cache, so a model already
+    # cached starts fastest on the CPU, but the kernel may evict its pages under memory pressure
+    # and read them back from disk; false reads each tensor into its own buffer, the fast way to
+    # load layers onto a GPU (a Spark was reported loading about 10x faster). A lazily read PLE
+    # table (`lazy_ple`) stays mapped either way. The doc line stays one line: the settings
+    # screen shows it under the field.
+    use_mmap: bool = setting(True, "Map the GGUF instead of reading it into RAM.", reload="model")
     lazy_ple: str = setting(
         "auto",
         'How the per-layer n-gram embedding table (qwen4exp PLE, ~27 GiB) is read: "on" keeps '

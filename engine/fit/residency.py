@@ -21,6 +21,7 @@ import numpy as np
 PROT_READ, MAP_SHARED = 0x1, 0x01
 MAP_FAILED = ctypes.c_void_p(-1).value
 WARM_CHUNK = 16 << 20  # bytes read per call when warming
+WARM_BELOW = 0.9  # below this share in the page cache, doctor and the live panel suggest warming
 
 
 @dataclass(frozen=True)

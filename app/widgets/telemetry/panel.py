@@ -23,6 +23,7 @@ from textual.containers import Vertical
 from textual.widgets import ProgressBar, Sparkline, Static
 
 from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
+from velo_chat.engine.fit.residency import WARM_BELOW
 
 from ...sysinfo import memory_probe as default_memory_probe
 from .meter import DecodeMeter
@@ -65,6 +66,7 @@ class LivePanel(Vertical):
         self.graphs = "—"
         self.speculation = "off"
         self._lines: dict[str, str] = {}  # what each line shows (`_show`)
+        self.ple_fraction: float | None = None  # the PLE table's share in the page cache
 
     def compose(self) -> ComposeResult:
         yield Static("Model", classes="panel-title")
@@ -233,4 +235,18 @@ class LivePanel(Vertical):
         text = f"RSS {_mib(rss)}"
         if gpu is not None:
             text += f"\nGPU {_mib(gpu)}"
+        ple = self.ple_fraction
+        if ple is not None:
+            text += (
+                f"\nPLE cache {ple:.0%}"
+                if ple >= WARM_BELOW
+                else f"\n[b $warning]PLE cache {ple:.0%}[/]: warm it with velo-chat doctor --warm-ple"
+            )
         self._show("#panel-memory", text)
+
+    def ple_residency(self, fraction: float | None) -> None:
+        """Show the share of the PLE table in the page cache under the memory, with a warning
+        and the command that reads it in again when a big file copy has evicted it (None: the
+        model has no such table, no line)."""
+        self.ple_fraction = fraction
+        self.refresh_memory()
