@@ -41,8 +41,9 @@ class EngineAPI(Protocol):
     def loaded(self) -> bool: ...
 
     def check(self) -> None:
-        """Raise a user error now if the model cannot be loaded (a missing or bad file),
-        cheaply and before the running engine is closed."""
+        """Raise a user error now if the model cannot be loaded (a missing or bad file, or a
+        model that does not fit in memory: `DoesNotFit`, which a caller may override to load
+        anyway), cheaply and before the running engine is closed."""
 
     def load(
         self,
