@@ -173,3 +173,50 @@ def test_a_checked_load_logs_each_term_next_to_what_llama_cpp_allocated(qwen_pat
     what = {r.getMessage().split(": ", 1)[1].split(" (")[0] for r in said}
     assert what == {"weights", "KV", "recurrent", "output", "compute"}
     assert all(r.levelno == logging.INFO for r in said)  # a term more than 10% off is a WARNING
+
+
+def _gpu_machine(ram: int, gpu_free: int | None, *, integrated: bool) -> machine.Machine:
+    mem = machine.MemInfo(total=ram * 2, available=ram, swap_total=0, swap_free=0, cached=0)
+    total = None if gpu_free is None else gpu_free * 2
+    gpu = machine.Gpu("NVIDIA GB10" if integrated else "NVIDIA H200", total, gpu_free, "580.00", integrated)
+    return machine.Machine(mem, gpu_offload=True, gpu=gpu)
+
+
+def test_on_a_discrete_gpu_the_gpu_terms_go_against_its_free_memory(smollm2_path: Path):
+    profile = test_profile(smollm2_path, model={"n_gpu_layers": -1}, checkpoints={"enabled": False})
+    roomy = report.check(profile, smollm2_path, _gpu_machine(8 << 30, 8 << 30, integrated=False))
+    keys = {t.key: t for t in roomy.terms}
+    assert roomy.separate_gpu and roomy.fits
+    assert keys["weights_gpu"].place == estimate.GPU and keys["kv_gpu"].place == estimate.GPU
+    assert "kv_cpu" not in keys  # every layer's cache on the GPU
+    assert roomy.gpu_needed == sum(t.bytes for t in roomy.terms if t.place == estimate.GPU)
+
+    small = report.check(profile, smollm2_path, _gpu_machine(8 << 30, 600 << 20, integrated=False))
+    assert not small.fits and "GPU free" in small.table()
+    fix = next(s for s in small.suggestions if s.startswith("model.n_gpu_layers = "))
+    layers = int(fix.split(" = ")[1])
+    assert 0 < layers < 31
+    changed = dataclasses.replace(profile, model=dataclasses.replace(profile.model, n_gpu_layers=layers))
+    assert report.check(changed, smollm2_path, _gpu_machine(8 << 30, 600 << 20, integrated=False)).fits
+
+
+def test_n_gpu_layers_places_the_last_layers_and_then_the_output_as_llama_cpp_does(smollm2_path: Path):
+    facts = read_facts(smollm2_path)  # 30 layers
+    for ngl, cpu_layers, output_on_gpu in ((30, 1, True), (31, 0, True), (5, 26, True), (1, 30, True)):
+        profile = test_profile(smollm2_path, model={"n_gpu_layers": ngl})
+        terms = {t.key: t for t in estimate.estimate(profile, facts, gpu_offload=True)}
+        assert f"({cpu_layers} layers + input)" in terms["weights_cpu"].label, (
+            ngl,
+            terms["weights_cpu"].label,
+        )
+        assert ("+ output" in terms["weights_gpu"].label) == output_on_gpu
+
+
+def test_on_unified_memory_everything_goes_against_mem_available(smollm2_path: Path):
+    profile = test_profile(smollm2_path, model={"n_gpu_layers": -1}, checkpoints={"enabled": False})
+    found = report.check(profile, smollm2_path, _gpu_machine(8 << 30, None, integrated=True))
+    assert not found.separate_gpu and found.gpu_needed == 0
+    assert (
+        found.ram_needed == sum(t.bytes for t in found.terms if t.place != estimate.CACHE) + estimate.RESERVE
+    )
+    assert "GPU (unified RAM)" in found.table()
