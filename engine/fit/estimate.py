@@ -276,7 +276,8 @@ def estimate(
                 "checkpoints in RAM",
                 cp.ram_budget_mib * MIB + 2 * state,
                 RAM,
-                f"ram_budget_mib {cp.ram_budget_mib:,} + 2 states past it x {fmt(state)} (KV + recurrent)",
+                f"ram_budget_mib {cp.ram_budget_mib:,} + 2 states past it x {fmt(state)} "
+                + ("(KV + recurrent)" if facts.recurrent_layers else "(KV)"),
             )
         )
     return terms

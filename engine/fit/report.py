@@ -20,7 +20,6 @@ class FitReport:
     facts: ModelFacts
     terms: tuple[Term, ...]
     machine: Machine
-    freed: int  # RAM the caller frees before the load (the running model, in a switch)
     suggestions: tuple[str, ...] = ()
 
     # -- the sums --------------------------------------------------------------------------------
@@ -41,7 +40,7 @@ class FitReport:
 
     @property
     def ram_available(self) -> int:
-        return self.machine.mem.available + self.freed
+        return self.machine.mem.available
 
     @property
     def gpu_needed(self) -> int:
@@ -98,15 +97,14 @@ class FitReport:
             where = "GPU (unified RAM)" if t.place == GPU and not self.separate_gpu else t.place
             lines.append(f"  {t.label:<{width}}  {where:<17} {fmt(t.bytes):>11}  {t.formula}")
         lines.append("  " + "-" * (width + 32))
-        rows = "RAM and GPU rows" if not self.separate_gpu else "RAM rows"
+        unified_gpu = not self.separate_gpu and any(t.place == GPU for t in self.terms)
+        rows = "RAM and GPU rows" if unified_gpu else "RAM rows"
         lines.append(
             f"  {'needed in RAM':<{width}}  {'':<17} {fmt(self.ram_needed):>11}  "
             f"the {rows} + {fmt(RESERVE)} kept free"
         )
-        freed = f" + {fmt(self.freed)} the running model frees" if self.freed else ""
         lines.append(
-            f"  {'available':<{width}}  {'':<17} {fmt(self.ram_available):>11}  MemAvailable "
-            f"{fmt(self.machine.mem.available)}{freed}"
+            f"  {'available':<{width}}  {'':<17} {fmt(self.ram_available):>11}  MemAvailable (/proc/meminfo)"
         )
         if self.separate_gpu:
             avail = self.gpu_available
@@ -135,7 +133,6 @@ class FitReport:
             "ram_needed": self.ram_needed,
             "ram_available": self.ram_available,
             "mem_available": self.machine.mem.available,
-            "freed": self.freed,
             "reserve": RESERVE,
             "separate_gpu": self.separate_gpu,
             "gpu_needed": self.gpu_needed,
@@ -162,7 +159,7 @@ class DoesNotFit(ValueError):
         )
 
 
-def _report(profile: Profile, facts: ModelFacts, machine: Machine, freed: int) -> FitReport:
+def _report(profile: Profile, facts: ModelFacts, machine: Machine) -> FitReport:
     gpu = machine.gpu
     terms = estimate(
         profile,
@@ -170,17 +167,17 @@ def _report(profile: Profile, facts: ModelFacts, machine: Machine, freed: int) -
         gpu_offload=machine.gpu_offload,
         integrated_gpu=gpu is not None and gpu.integrated,
     )
-    return FitReport(profile.name, facts, tuple(terms), machine, freed)
+    return FitReport(profile.name, facts, tuple(terms), machine)
 
 
-def check(profile: Profile, model_path: Path, machine: Machine, *, freed: int = 0) -> FitReport:
+def check(profile: Profile, model_path: Path, machine: Machine) -> FitReport:
     """The fit report for `profile` loading `model_path` on `machine` (raises `GGUFError` for a
     missing or bad shard). When it does not fit, the report names what would make it fit."""
     facts = read_facts(model_path)
-    report = _report(profile, facts, machine, freed)
+    report = _report(profile, facts, machine)
     if report.fits:
         return report
-    return dataclasses.replace(report, suggestions=tuple(_suggest(profile, facts, machine, freed)))
+    return dataclasses.replace(report, suggestions=tuple(_suggest(profile, facts, machine)))
 
 
 def _with(profile: Profile, section: str, **changes: object) -> Profile:
@@ -202,12 +199,12 @@ def _largest(lo: int, hi: int, step: int, ok: Callable[[int], bool]) -> int | No
     return best
 
 
-def _suggest(profile: Profile, facts: ModelFacts, machine: Machine, freed: int) -> list[str]:
+def _suggest(profile: Profile, facts: ModelFacts, machine: Machine) -> list[str]:
     """Up to two single-setting changes, each enough on its own, cheapest in quality first."""
     found: list[str] = []
 
     def fits(p: Profile) -> bool:
-        return _report(p, facts, machine, freed).fits
+        return _report(p, facts, machine).fits
 
     if facts.ple_bytes and profile.model.lazy_ple != "on" and fits(_with(profile, "model", lazy_ple="on")):
         found.append('model.lazy_ple = "on"')
