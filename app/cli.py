@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
     bench.add_argument(
+        "--spec",
+        action="store_true",
+        help="only compare decoding with and without n-gram speculation (copy-edit and novel code)",
+    )
+    bench.add_argument(
         "--load",
         type=_bounded(int, 0, 1024),
         default=0,

@@ -62,6 +62,9 @@ def state_layout(ctx: LlamaContext) -> dict[str, Any]:
         "flash_attn": int(p.flash_attn_type),
         "n_seq_max": int(p.n_seq_max),
         "llama_cpp_python": llama_cpp.__version__,
+        # recurrent-state snapshots for speculation widen the state; named only when there are
+        # some, so the layouts (and disk directories) of contexts without them stay as they were
+        **({"n_rs_seq": ctx.n_rs_seq} if ctx.n_rs_seq else {}),
     }
 
 

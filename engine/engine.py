@@ -43,6 +43,7 @@ from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .thinking import ThinkingSupport, requested
 from .threads import ThreadPlan
+from .speculation import verify_batch_costs
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,13 @@ class Engine:
         profile = self._profile
         model = LlamaModel(self._model_path, profile.model, on_progress=progress)
         try:
-            ctx = LlamaContext(model, profile.context, n_gpu_layers=profile.model.n_gpu_layers)
+            spec = profile.speculation
+            ctx = LlamaContext(
+                model,
+                profile.context,
+                n_gpu_layers=profile.model.n_gpu_layers,
+                n_rs_seq=spec.max_draft if spec.enabled and model.hybrid else 0,
+            )
         except BaseException:
             model.close()
             raise
@@ -308,6 +315,14 @@ class Engine:
     def reset(self) -> None:
         """Forget the live sequence (checkpoints stay)."""
         self._require()[2].clear()
+
+    def verify_batch_costs(
+        self, messages: Sequence[ChatMessage], sizes: Sequence[int], repeats: int
+    ) -> dict[int, float]:
+        """Median seconds of a speculation verify batch of each size after the prompt of
+        `messages` (`velo-chat bench --spec`); the live sequence is empty afterwards."""
+        live = self._require()[2]
+        return verify_batch_costs(live, self.tokens_for(messages, self.template_variables()), sizes, repeats)
 
     def _require(self) -> tuple[LlamaModel, LlamaContext, LiveSequence]:
         if self._model is None or self._ctx is None or self._live is None:
@@ -414,6 +429,7 @@ class Engine:
             variables=variables,
             thinking=support,
             opens_in_reasoning=support.opens_reasoning(prompt_tail),
+            speculation=self._profile.speculation,
         )
         return Turn(self._observe(run_turn(self._parts(), plan)), stop, len(tokens))
 

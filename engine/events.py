@@ -111,10 +111,24 @@ class TurnStats:
     first_answer_s: float | None = None  # from the start of the turn to the first answer text
     backend: str = "local"  # "local" (this process) or "remote" (an OpenAI-compatible server)
     server: dict[str, Any] = field(default_factory=dict)  # what a remote server reported
+    spec_drafted: int = 0  # speculation: draft tokens verified
+    spec_accepted: int = 0  # of those, accepted
+    spec_rounds: int = 0  # verify batches
+    decode_calls: int = 0  # llama_decode calls after the first token (verify batches included)
 
     @property
     def answer_tokens(self) -> int:
         return self.decode_tokens - self.reasoning_tokens
+
+    @property
+    def spec_acceptance(self) -> float:
+        """Accepted over drafted tokens (0 when nothing was drafted)."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        """Reply tokens per llama_decode call of the decode phase (1.0 without speculation)."""
+        return (self.decode_tokens - 1) / self.decode_calls if self.decode_calls else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,6 +150,14 @@ class TurnStats:
             "answer_tokens": self.answer_tokens,
             "first_answer_s": None if self.first_answer_s is None else round(self.first_answer_s, 4),
             "backend": self.backend,
+            "speculation": {
+                "drafted": self.spec_drafted,
+                "accepted": self.spec_accepted,
+                "acceptance": round(self.spec_acceptance, 4),
+                "rounds": self.spec_rounds,
+                "decode_calls": self.decode_calls,
+                "tokens_per_call": round(self.tokens_per_call, 3),
+            },
             **({"server": dict(self.server)} if self.server else {}),
         }
 

@@ -9,12 +9,18 @@ checkpoint saved at a prefix boundary is the way back.
 
 Invariant: `tokens` is exactly what the context holds, in order. Every operation that changes
 the context goes through this class and keeps it so, including the failure paths (a failed
-restore or truncation leaves an empty context and an empty list, never a stale one).
+restore, truncation or rollback leaves an empty context and an empty list, never a stale one).
+
+Speculation (`speculation.py`) adds two operations: `verify` decodes a pending token and its
+draft in one batch with logits for every position, and `rollback` drops the rejected tail. An
+attention model drops any tail (`seq_rm`); a hybrid model keeps `n_rs_seq` recurrent-state
+snapshots of its last batch and can go back to one of them, once per batch, so its rollback
+must stay inside the last batch (`max_draft` is what a verify batch may draft).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +62,7 @@ class LiveSequence:
         self._ctx = ctx
         self._tokens: list[int] = []
         self.hybrid = hybrid
+        self._rollable = 0  # tokens a hybrid model can still roll back (of its last batch)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -83,9 +90,20 @@ class LiveSequence:
         """Wait for queued work (books a prefill into the prompt-eval counters)."""
         self._ctx.synchronize()
 
-    def sample(self, sampler: Sampler) -> int:
-        """The next token from the logits of the last decoded position."""
-        return sampler.sample(self._ctx.ctx)
+    @property
+    def max_draft(self) -> int:
+        """Most draft tokens one verify batch may hold: the batch (draft plus the pending
+        token) fits one ubatch, and a hybrid model can roll all of the draft back."""
+        cap = min(self._ctx.n_ubatch, self._ctx.n_batch) - 1
+        return min(cap, self._ctx.n_rs_seq) if self.hybrid else cap
+
+    def sample(self, sampler: Sampler, i: int = -1) -> int:
+        """The next token from the logits of output `i` of the last batch (-1: the last)."""
+        return sampler.sample(self._ctx.ctx, i)
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        """A copy of the logits of output `i` of the last batch (tests compare them)."""
+        return self._ctx.logits_at(i)
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
         return common_prefix(self._tokens, tokens)
@@ -114,13 +132,15 @@ class LiveSequence:
     def clear(self) -> None:
         self._ctx.clear()
         self._tokens.clear()
+        self._rollable = 0
 
     def truncate(self, n: int) -> bool:
         """Keep the first `n` tokens (attention models). False, with the context emptied, when
         llama.cpp cannot remove the tail (a recurrent state)."""
         if n >= len(self._tokens):
             return n == len(self._tokens)
-        if self._ctx.truncate(n):
+        # a hybrid model's snapshots (n_rs_seq) belong to its last batch only: never here
+        if not self.hybrid and self._ctx.truncate(n):
             del self._tokens[n:]
             return True
         self.clear()
@@ -128,19 +148,63 @@ class LiveSequence:
 
     def extend(self, chunk: Sequence[int]) -> None:
         """Decode `chunk` (one ubatch at most) after the live tokens."""
+        self._rollable = 0
         self._ctx.decode(chunk)
         self._tokens.extend(chunk)
 
     def append(self, token: int) -> None:
         """Decode one sampled token (the per-token path of a reply)."""
+        self._rollable = 0
         rc = self._ctx.decode_one(token)
         if rc != 0:
             raise DecodeError(f"llama_decode failed during generation (code {rc})")
         self._tokens.append(token)
 
+    def verify(self, tokens: Sequence[int]) -> None:
+        """Decode a pending token and its draft (`tokens`, at most `max_draft + 1`) in one
+        batch with logits for every position: `sample(sampler, i)` reads the prediction after
+        `tokens[i]`. The context holds all of them until `rollback` drops the rejected tail."""
+        if len(tokens) - 1 > self.max_draft or len(self._tokens) + len(tokens) > self.n_ctx:
+            raise ValueError(f"a verify batch of {len(tokens)} tokens does not fit")
+        self._rollable = 0
+        self._decoding(lambda: self._ctx.decode_all_logits(tokens, len(self._tokens)))
+        self._tokens.extend(tokens)
+        self._rollable = len(tokens) - 1 if self.hybrid else 0
+
+    def rollback(self, n: int) -> None:
+        """Drop the last `n` tokens (rejected drafts). A hybrid model goes back to a snapshot of
+        its last batch: at most that batch's length minus one, once. A failure (which would be
+        a bug) empties the context and raises `DecodeError`: the turn fails, the next starts cold."""
+        if n <= 0:
+            return
+        keep = len(self._tokens) - n
+        if self.hybrid and n > self._rollable:
+            self._lost()
+            raise DecodeError(f"cannot roll back {n} tokens of a hybrid model's state")
+        if not self._ctx.truncate(keep):
+            self._lost()
+            raise DecodeError(f"llama.cpp refused to roll back {n} tokens")
+        del self._tokens[keep:]
+        self._rollable = 0
+
+    def _decoding(self, decode: Callable[[], None]) -> None:
+        """Run a decode; if it raises, the context's state is unknown: empty it."""
+        try:
+            decode()
+        except BaseException:
+            self._lost()
+            raise
+
+    def _lost(self) -> None:
+        try:
+            self.clear()
+        except Exception:  # pragma: no cover - the context is beyond use anyway
+            self._tokens.clear()
+
     def restore(self, checkpoints: Checkpoints, cand: Candidate, tokens: Sequence[int]) -> float | None:
         """Load a checkpoint that holds `tokens[:cand.n_tokens]`; its restore seconds, or None
         when it failed (the checkpoint is dropped by its tier and the context is empty)."""
+        self._rollable = 0
         restored = checkpoints.restore(self._ctx, cand)
         if restored is None:
             self._tokens = []

@@ -56,9 +56,13 @@ class Perf:
 
 
 class LlamaContext:
-    def __init__(self, model: LlamaModel, settings: ContextSettings, *, n_gpu_layers: int = 0) -> None:
+    def __init__(
+        self, model: LlamaModel, settings: ContextSettings, *, n_gpu_layers: int = 0, n_rs_seq: int = 0
+    ) -> None:
         """`n_gpu_layers` is the model's setting: whether every layer is on the GPU decides
-        what `"auto"` threads are (`threads.py`)."""
+        what `"auto"` threads are (`threads.py`). `n_rs_seq`: recurrent-state snapshots kept per
+        sequence, so a hybrid model can roll back that many tokens of its last batch
+        (speculation); llama.cpp sets it to 0 for an architecture without the support."""
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll
@@ -81,6 +85,7 @@ class LlamaContext:
         params.type_k = KV_TYPES[settings.type_k]
         params.type_v = KV_TYPES[settings.type_v]
         params.no_perf = False  # otherwise t_eval_ms reads 0
+        params.n_rs_seq = n_rs_seq
         self.params = params
         ctx = ll.llama_init_from_model(model.model, params)
         if not ctx:
@@ -96,6 +101,9 @@ class LlamaContext:
         self.n_batch = int(ll.llama_n_batch(ctx))
         self.memory = ll.llama_get_memory(ctx)
         self._one = (ll.llama_token * 1)()
+        self.n_rs_seq = int(ll.llama_n_rs_seq(ctx))
+        self._batch: object | None = None  # llama_batch with logits for every token (verify)
+        self._batch_cap = 0
         self.settings = settings
         self._pools: Threadpools | None = None
         self._old_pools: list[Threadpools] = []
@@ -202,6 +210,37 @@ class LlamaContext:
         if err is not None:
             raise DecodeError(err)
 
+    def decode_all_logits(self, tokens: Sequence[int], pos0: int) -> None:
+        """Decode `tokens` at positions `pos0`, `pos0 + 1`, ... in one llama_decode with logits
+        for every one of them (`logits_at(i)`, `Sampler.sample(ctx, i)`): a speculative
+        draft's verification. At most n_batch tokens."""
+        ll = self._ll
+        n = len(tokens)
+        if n > self._batch_cap:
+            if self._batch is not None:
+                ll.llama_batch_free(self._batch)
+            self._batch = ll.llama_batch_init(max(n, 16), 0, 1)
+            self._batch_cap = max(n, 16)
+        b = self._batch
+        b.n_tokens = n  # type: ignore[attr-defined]
+        for i, t in enumerate(tokens):
+            b.token[i] = t  # type: ignore[attr-defined]
+            b.pos[i] = pos0 + i  # type: ignore[attr-defined]
+            b.n_seq_id[i] = 1  # type: ignore[attr-defined]
+            b.seq_id[i][0] = SEQ  # type: ignore[attr-defined]
+            b.logits[i] = 1  # type: ignore[attr-defined]
+        self._in_use = self._threads[1]
+        rc = ll.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed verifying a draft (code {rc}); see the log")
+        self._check_ple()
+
+    def logits_at(self, i: int) -> np.ndarray:
+        """A copy of the logits of output `i` of the last batch (-1: the last)."""
+        n_vocab = self.model.n_vocab
+        ptr = self._ll.llama_get_logits_ith(self.ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+
     def synchronize(self) -> None:
         """Wait for queued work; llama.cpp books a batch's time into its perf counters here."""
         self._ll.llama_synchronize(self.ctx)
@@ -259,6 +298,9 @@ class LlamaContext:
         return True
 
     def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self._ll.llama_batch_free(self._batch)
+            self._batch = None
         if getattr(self, "ctx", None):
             self._ll.llama_free(self.ctx)
             self.ctx = None

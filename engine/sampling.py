@@ -42,9 +42,10 @@ class Sampler:
             for tok in list(recent_tokens)[-s.repeat_last_n :]:
                 ll.llama_sampler_accept(chain, tok)
 
-    def sample(self, ctx: object) -> int:
-        """Pick the next token from the last logits (and record it in the chain's history)."""
-        return self._ll.llama_sampler_sample(self.chain, ctx, -1)
+    def sample(self, ctx: object, i: int = -1) -> int:
+        """Pick the next token from the logits of output `i` of the last batch (-1: the last)
+        and record it in the chain's history."""
+        return self._ll.llama_sampler_sample(self.chain, ctx, i)
 
     def close(self) -> None:
         if self.chain:

@@ -42,8 +42,9 @@ from .checkpoints import Checkpoints
 from .live_sequence import MAX_RESTORE_ATTEMPTS, RESTORE_MIN_GAIN, LiveSequence, common_prefix
 from .llama_context import DecodeError
 from .llama_model import LlamaModel
-from .config.profile_schema import SamplingSettings
+from .config.profile_schema import SamplingSettings, SpeculationSettings
 from .sampling import Sampler
+from .speculation import SpecCounters, SpecStepper
 from .save_points import stable_prefix
 from .thinking import ReasoningSplitter, ThinkingSupport
 
@@ -75,6 +76,7 @@ class TurnPlan:
     variables: Mapping[str, Any] = field(default_factory=dict)  # extra template variables
     thinking: ThinkingSupport = field(default_factory=ThinkingSupport)  # reasoning markers
     opens_in_reasoning: bool = False  # the generation prompt ends inside a reasoning block
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
 
     def splitter(self) -> ReasoningSplitter:
         """Splits this turn's reply into reasoning and answer."""
@@ -271,33 +273,51 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
     prefill_s = t_prefill1 - t_prefill0 - save_s[0]
     perf1 = live.perf()
 
-    # -- decode
+    # -- decode: each sampled token is shown, then decoded (`SpecStepper.step`: with a draft
+    # after it when speculation is on), which gives the next ones
+    spec = SpecCounters()
     if finish != "cancelled":
         utf8 = Utf8Stream()
         with Sampler(settings, model.n_vocab, tokens) as sampler:
             n_ctx = live.n_ctx
-            for _ in range(settings.max_tokens):
-                token = live.sample(sampler)
-                now = time.perf_counter()
-                if t_first is None:
-                    t_first = now
-                if model.is_eog(token) and not plan.ignore_eos:
+            stepper = (
+                SpecStepper(live, sampler, plan.speculation, tokens) if plan.speculation.enabled else None
+            )
+            spec = stepper.counters if stepper is not None else spec
+            batch = [live.sample(sampler)]
+            stop = -1
+            while stop < 0:
+                for i, token in enumerate(batch):
+                    now = time.perf_counter()
+                    if t_first is None:
+                        t_first = now
+                    if model.is_eog(token) and not plan.ignore_eos:
+                        stop = i
+                        break
+                    t_last = now
+                    decode_tokens += 1
+                    raw = model.token_bytes(token)
+                    part = split.feed(utf8.feed(raw), t=now, control="" if raw else model.token_text(token))
+                    yield TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning)
+                    if cancel.is_set():
+                        finish = "cancelled"
+                    elif (stepper.held_before(i) if stepper else len(live)) + 1 >= n_ctx:
+                        finish = "context"
+                    elif decode_tokens == settings.max_tokens:
+                        finish = "length"
+                    else:
+                        continue
+                    stop = i
                     break
-                t_last = now
-                decode_tokens += 1
-                raw = model.token_bytes(token)
-                part = split.feed(utf8.feed(raw), t=now, control="" if raw else model.token_text(token))
-                yield TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning)
-                if cancel.is_set():
-                    finish = "cancelled"
+                if stop >= 0:
+                    if stepper is not None:
+                        stepper.settle(stop)  # the context ends just before the stopping token
                     break
-                if len(live) + 1 >= n_ctx:
-                    finish = "context"
-                    break
-                if decode_tokens == settings.max_tokens:
-                    finish = "length"
-                    break
-                live.append(token)
+                if stepper is not None:
+                    batch = stepper.step(batch[-1], settings.max_tokens - decode_tokens)
+                else:
+                    live.append(batch[-1])
+                    batch = [live.sample(sampler)]
             split.finish(utf8.finish(), t=t_last)  # bytes of an unfinished character: U+FFFD
     t_end = time.perf_counter()
     perf2 = live.perf()
@@ -334,5 +354,9 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
         },
         reasoning_tokens=split.reasoning_tokens,
         first_answer_s=(split.first_answer_t - plan.t_start) if split.first_answer_t is not None else None,
+        spec_drafted=spec.drafted,
+        spec_accepted=spec.accepted,
+        spec_rounds=spec.rounds,
+        decode_calls=spec.decode_calls if spec.decode_calls else max(decode_tokens - 1, 0),
     )
     yield TurnDone(split.answer, stats, split.reasoning)

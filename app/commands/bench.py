@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             load_same_session=args.load_same_session,
             thread_counts=thread_counts,
             on_progress=note,
+            spec=args.spec,
         )
     if not quiet:
         sys.stderr.write("\r\033[K")

@@ -23,6 +23,7 @@ from .result import BenchResult, conversation_of
 from .load import busy_processes, format_load_lines, load_section, measure_load, threads_section
 from . import session as bench_session
 from .resume import run_resume_bench
+from .spec import format_spec_lines, spec_section
 from ..chat_template import ChatMessage
 from ..engine import Engine
 
@@ -78,6 +79,7 @@ def run_bench(
     load_same_session: bool = False,
     thread_counts: tuple[int, ...] = (),
     on_progress: Callable[[str], None] | None = None,
+    spec: bool = False,
 ) -> BenchResult:
     """Run every section. `thread_counts`: decode again with each fixed count (the threads
     section); `load`: decode again beside that many busy processes (the load section, with the
@@ -111,6 +113,11 @@ def run_bench(
         },
     )
     result.sections["ple"] = {"mode": info.ple_gather, "reason": info.ple_reason}  # docs/ple.md
+    if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py)
+        result.sections["speculation"] = spec_section(
+            engine, decode_tokens=decode_tokens, repeats=repeats, note=note
+        )
+        return result
     room = info.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
     # Prefill and decode are measured cold: no checkpoint may shorten a prefill here.
@@ -195,4 +202,7 @@ def format_table(result: BenchResult) -> str:
     s = result.sections.get("resume_session")
     if s:
         lines += bench_session.format_lines(s)
+    sp = result.sections.get("speculation")
+    if sp:
+        lines += format_spec_lines(sp)
     return "\n".join(lines)

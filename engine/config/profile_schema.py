@@ -274,9 +274,50 @@ class ReasoningSettings:
 
 @dataclass(frozen=True)
 class SpeculationSettings:
-    """Speculative decoding (not implemented yet: must stay off)."""
+    """Exact n-gram speculation: the reply's next tokens are drafted from text already in the
+    session (the prompt, earlier replies, the reply so far) and verified in one batch; the
+    output is the one plain decoding gives (docs/speculation.md)."""
 
-    enabled: bool = setting(False, "Speculative decoding. Not implemented yet; must be false.")
+    enabled: bool = setting(
+        False,
+        "Draft from the session and verify drafts in one batch. Wins where replies repeat "
+        "session text (code edits given back whole) and the backend computes a batch of tokens "
+        "for little more than one; novel text drafts nothing. On a hybrid model the context "
+        "then keeps `max_draft` recurrent-state snapshots (more state memory, and checkpoints "
+        "saved without them are not reused).",
+        reload="context",
+    )
+    max_draft: int = setting(
+        16,
+        "Most tokens one verify batch drafts. A hybrid model keeps this many recurrent-state "
+        "snapshots per sequence (llama.cpp's n_rs_seq: each costs one more copy of the "
+        "recurrent state's memory); the batch, draft plus one, must fit `context.n_ubatch`.",
+        min=1,
+        max=64,
+        reload="context",
+    )
+    min_match: int = setting(
+        3,
+        "Shortest run of tokens that must repeat earlier session text before what followed it is drafted.",
+        min=1,
+        max=32,
+    )
+    min_gain: float = setting(
+        0.05,
+        "Draft only when the expected tokens per unit of time beat a plain step by this "
+        "fraction (the acceptance so far at this match length and the measured cost of each "
+        "batch size decide).",
+        min=0.0,
+        max=10.0,
+    )
+    batch_cost_prior: float = setting(
+        0.5,
+        "Until a batch size has been timed: what each extra token of a verify batch is "
+        "assumed to cost, as a fraction of a one-token step (about 0 on a GPU, 0.5-0.9 on a "
+        "CPU).",
+        min=0.0,
+        max=2.0,
+    )
 
 
 @dataclass(frozen=True)

@@ -147,8 +147,12 @@ def validate_profile(profile: Profile) -> None:
             f"profile {profile.name!r}: context.n_ubatch ({ctx.n_ubatch}) must not exceed "
             f"context.n_batch ({ctx.n_batch})"
         )
-    if profile.speculation.enabled:
-        raise ProfileError(f"profile {profile.name!r}: speculation.enabled = true is not supported yet")
+    spec = profile.speculation
+    if spec.enabled and spec.max_draft + 1 > min(ctx.n_ubatch, ctx.n_batch):
+        raise ProfileError(
+            f"profile {profile.name!r}: speculation.max_draft ({spec.max_draft}) plus one must fit "
+            f"context.n_ubatch ({ctx.n_ubatch}): a draft is verified in one batch"
+        )
     if profile.context.type_v not in ("f16", "f32", "bf16") and ctx.flash_attn == "off":
         raise ProfileError(
             f"profile {profile.name!r}: a quantized context.type_v needs context.flash_attn on"

@@ -1,0 +1,135 @@
+"""`velo-chat bench --spec`: n-gram speculation side by side with plain decoding.
+
+Two workloads built from a real source file (the standard library's `colorsys.py`, 166 lines,
+not written for this): **copy-edit** gives the file and asks for it back with one function
+renamed (the reply repeats the prompt: drafts should be accepted), **novel** asks for new code
+(little to draft from). Each runs greedy with speculation off and on, in the same engine and
+context; the replies must be the same text. The section also times one verify batch of k
+tokens against one token (`cost`): where a batch of k costs about k steps (a small model on a
+CPU) no draft can pay much, and `limit` says how much at full and at the measured acceptance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from ..chat_template import ChatMessage
+from ..engine import Engine
+from ..events import TurnStats
+
+BATCH_SIZES = (1, 2, 3, 5, 9, 17)
+
+
+def workloads() -> dict[str, list[ChatMessage]]:
+    import colorsys
+
+    source = inspect.getsource(colorsys)
+    return {
+        "copy-edit": [
+            ChatMessage(
+                "user",
+                "Here is colorsys.py:\n\n```python\n"
+                + source
+                + "```\n\nRename the function `_v` to `_value` everywhere (its definition and every "
+                "call) and give back the whole file, nothing else.",
+            )
+        ],
+        "novel": [
+            ChatMessage(
+                "user",
+                "Write a new Python module that converts colours between RGB and CMYK, with "
+                "docstrings and a small command-line interface.",
+            )
+        ],
+    }
+
+
+def _with_speculation(engine: Engine, enabled: bool) -> None:
+    profile = engine.profile
+    spec = dataclasses.replace(profile.speculation, enabled=enabled)
+    engine.apply(dataclasses.replace(profile, speculation=spec))
+
+
+def speedup_limit(costs: dict[int, float], acceptance: float) -> float:
+    """Most tokens per one-token step any draft length gives at this acceptance rate (the
+    chance that each next drafted token is accepted): max over k of E[tokens] / cost(k + 1)."""
+    one = costs[1]
+    best = 1.0
+    for n, seconds in costs.items():
+        k = n - 1
+        expected = sum(acceptance**i for i in range(k + 1))
+        best = max(best, expected / (seconds / one))
+    return best
+
+
+def spec_section(
+    engine: Engine, *, decode_tokens: int, repeats: int, note: Callable[[str], None]
+) -> dict[str, Any]:
+    loaded = engine.profile
+    spec = loaded.speculation
+    out: dict[str, Any] = {"max_draft": spec.max_draft, "min_match": spec.min_match}
+    try:
+        with engine.checkpoints_at(None):
+            for name, messages in workloads().items():
+                runs: dict[bool, list[TurnStats]] = {False: [], True: []}
+                texts: dict[bool, str] = {}
+                for i in range(repeats):  # off and on in turns: both see the same machine load
+                    for enabled in (False, True):
+                        note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
+                        _with_speculation(engine, enabled)
+                        engine.reset()
+                        done = engine.complete(messages, max_tokens=decode_tokens)
+                        runs[enabled].append(done.stats)
+                        texts[enabled] = done.text
+                row: dict[str, Any] = {}
+                for enabled, key in ((False, "off"), (True, "on")):
+                    row[f"tok_s_{key}"] = round(statistics.median(s.decode_tok_s for s in runs[enabled]), 2)
+                    row[f"tok_s_{key}_runs"] = [round(s.decode_tok_s, 2) for s in runs[enabled]]
+                s = runs[True][-1]
+                row.update(
+                    drafted=s.spec_drafted,
+                    accepted=s.spec_accepted,
+                    acceptance=round(s.spec_acceptance, 4),
+                    tokens_per_call=round(s.tokens_per_call, 3),
+                    decode_tokens=s.decode_tokens,
+                    speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
+                    identical=texts[False] == texts[True],
+                )
+                out[name] = row
+            note("speculation: cost of a verify batch")
+            engine.reset()
+            costs = engine.verify_batch_costs(workloads()["novel"], BATCH_SIZES, max(repeats, 5))
+            engine.reset()
+    finally:
+        _with_speculation(engine, loaded.speculation.enabled)
+    one = costs[1]
+    out["cost"] = {str(k): round(v / one, 3) for k, v in costs.items()}
+    out["cost_1_ms"] = round(one * 1000, 3)
+    copy = out["copy-edit"]
+    out["limit_full"] = round(speedup_limit(costs, 1.0), 3)
+    out["limit_at_copy_acceptance"] = round(speedup_limit(costs, copy.get("acceptance", 0.0)), 3)
+    return out
+
+
+def format_spec_lines(s: dict[str, Any]) -> list[str]:
+    lines = ["", f"speculation  max_draft {s['max_draft']}, min_match {s['min_match']}"]
+    lines.append(
+        f"{'workload':>12} {'off tok/s':>10} {'on tok/s':>9} {'x':>6} {'accept':>7} {'tok/call':>9} identical"
+    )
+    for name in ("copy-edit", "novel"):
+        r = s[name]
+        lines.append(
+            f"{name:>12} {r['tok_s_off']:>10.1f} {r['tok_s_on']:>9.1f} {r['speedup'] or 0:>6.2f} "
+            f"{r.get('acceptance', 0):>7.2f} {r.get('tokens_per_call', 0):>9.2f} {r['identical']}"
+        )
+    costs = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost"].items())
+    lines.append(f"  verify batch of n tokens / one token ({s['cost_1_ms']:.1f} ms): {costs}")
+    lines.append(
+        f"  speedup limit from that cost: {s['limit_full']:.2f}x at full acceptance, "
+        f"{s['limit_at_copy_acceptance']:.2f}x at copy-edit's"
+    )
+    return lines

@@ -1,0 +1,313 @@
+"""Exact n-gram speculation: drafts from text already in the session, verified in one batch.
+
+A reply that copies text from the conversation (an edited file given back whole, a renamed
+identifier, a quoted function) repeats tokens the session already holds. `NgramIndex` finds the
+longest recent n-gram that ends the session's tokens and proposes what followed it last time;
+`SpecStepper` decodes the pending token and the draft in one `llama_decode` with logits for
+every position (`LiveSequence.verify`), samples each position in order with the turn's own
+sampler chain, keeps the agreeing prefix and rolls the rest back (`LiveSequence.rollback`).
+
+Why the output is unchanged (docs/speculation.md):
+
+- The sampler chain samples every position exactly as the one-token loop would: the same
+  chain, the same order, one draw per emitted token, so its history (repeat penalty) and its
+  random stream (temperature > 0, fixed seed) advance alike.
+- A drafted token x is accepted when the token sampled at its position is x. With temperature
+  0 that is the argmax test. With temperature > 0 the sample y ~ p equals x with probability
+  p(x), and given y != x it is distributed as p with x removed and renormalised: exactly the
+  speculative-sampling rule for a deterministic draft, so the output distribution is p.
+- What remains is whether a batch's logits equal one token's. On the CPU backend with the
+  quantized weights measured (SmolLM2 Q4_1) they are bit-identical; where a backend computes a
+  batch with other kernels (a GPU, the hybrid models' chunked recurrence) they differ in the
+  last bits, and greedy output is then identical wherever the two best logits are further
+  apart than that (docs/speculation.md has the measurements).
+
+Cost control: drafting only pays where a batch of n tokens costs less than n one-token steps
+times the tokens it is expected to yield. The stepper keeps the measured time of each batch size
+and an acceptance estimate per match length, drafts the length with the best expected tokens per
+unit of time, and does not draft at all when none beats a plain step (novel text).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config.profile_schema import SpeculationSettings
+from .live_sequence import LiveSequence
+from .sampling import Sampler
+
+MATCH_BUCKETS = (3, 5, 8, 12, 20, 32)
+"""Match-length buckets (lower bounds) that keep their own acceptance estimate: a 30-token match
+predicts the next token far better than a 3-token one."""
+
+MAX_MATCH_CHECK = 32
+"""How far back a match found by its hash is compared to measure its real length."""
+
+
+class NgramIndex:
+    """Where each n-gram (n from `min_n` to `max_n`) of a token sequence last occurred.
+
+    `add(token)` is O(max_n - min_n) dict updates; `draft(k)` looks the sequence's suffix up,
+    longest n first. Keys are Python hashes of the n-gram tuples; a hash collision is caught by
+    comparing the tokens before a match is used."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n = min_n
+        self.max_n = max(max_n, min_n)
+        self.tokens: list[int] = []
+        self._next: dict[int, int] = {}  # hash(n-gram) -> index of the token that followed it
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.add(t)
+
+    def add(self, token: int) -> None:
+        toks = self.tokens
+        end = len(toks)  # n-grams ending here are followed by `token`
+        for n in range(self.min_n, min(self.max_n, end) + 1):
+            self._next[hash((n, *toks[end - n : end]))] = end
+        toks.append(token)
+
+    def truncate(self, n: int) -> None:
+        """Forget tokens after the first `n` (index entries that point past them are ignored)."""
+        del self.tokens[n:]
+
+    def match(self) -> tuple[int, int]:
+        """(index of the continuation, match length) of the longest n-gram that ends the
+        sequence and occurred before; (-1, 0) when none."""
+        toks = self.tokens
+        end = len(toks)
+        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
+            j = self._next.get(hash((n, *toks[end - n : end])))
+            if j is None or j >= end or j < n or toks[j - n : j] != toks[end - n : end]:
+                continue
+            length = n  # measure the whole match (up to MAX_MATCH_CHECK)
+            while (
+                length < MAX_MATCH_CHECK
+                and j - length - 1 >= 0
+                and toks[j - length - 1] == toks[end - length - 1]
+            ):
+                length += 1
+            return j, length
+        return -1, 0
+
+    def draft(self, k: int, after: int | None = None) -> tuple[list[int], int]:
+        """Up to `k` tokens predicted to follow the sequence (plus `after`, a sampled token not
+        yet in it); and the match length they come from."""
+        if after is not None:
+            self.add(after)
+        try:
+            j, length = self.match()
+            if j < 0:
+                return [], 0
+            return self.tokens[j : j + k], length
+        finally:
+            if after is not None:
+                self.tokens.pop()
+
+
+@dataclass
+class SpecCounters:
+    """A turn's speculation numbers (TurnStats carries them)."""
+
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # of those, accepted
+    rounds: int = 0  # verify batches
+    decode_calls: int = 0  # llama_decode calls of the decode phase (verify batches included)
+
+
+class CostModel:
+    """Measured seconds of a decode call by batch size (an exponential moving average), with
+    a prior for sizes not measured yet: a batch of n costs 1 + `slope` * (n - 1) one-token steps."""
+
+    def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
+        self.slope = slope
+        self.alpha = alpha
+        self._s: dict[int, float] = {}
+
+    def record(self, n: int, seconds: float) -> None:
+        old = self._s.get(n)
+        self._s[n] = seconds if old is None else old + self.alpha * (seconds - old)
+
+    def relative(self, n: int) -> float:
+        """Cost of a batch of `n` over a one-token step."""
+        one = self._s.get(1)
+        got = self._s.get(n)
+        if one and got:
+            return got / one
+        return 1.0 + self.slope * (n - 1)
+
+
+class Acceptance:
+    """Per match-length bucket: the probability that the next drafted token is accepted, given
+    the ones before it were (successes over trials, decayed so it follows the text)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        # prior: two trials; long matches start optimistic, short ones doubtful
+        self._stats = {
+            b: [2.0 * (0.3 + 0.6 * i / (len(MATCH_BUCKETS) - 1)), 2.0] for i, b in enumerate(MATCH_BUCKETS)
+        }
+
+    @staticmethod
+    def bucket(length: int) -> int:
+        b = MATCH_BUCKETS[0]
+        for lo in MATCH_BUCKETS:
+            if length >= lo:
+                b = lo
+        return b
+
+    def rate(self, length: int) -> float:
+        s, n = self._stats[self.bucket(length)]
+        return s / n
+
+    def update(self, length: int, drafted: int, accepted: int) -> None:
+        st = self._stats[self.bucket(length)]
+        trials = accepted + (1 if accepted < drafted else 0)
+        st[0] = st[0] * self.decay + accepted
+        st[1] = st[1] * self.decay + trials
+
+
+def best_draft_length(a: float, k_max: int, cost: CostModel, gain: float) -> int:
+    """The draft length with the most expected tokens per unit of time, or 0 when no length
+    beats a plain step by the factor `gain`. Verifying k drafts yields 1 + a + ... + a^k tokens
+    (the pending token's successor always, each draft only if all before it were accepted)."""
+    best_k, best = 0, 1.0 * gain
+    expected = 1.0
+    p = 1.0
+    for k in range(1, k_max + 1):
+        p *= a
+        expected += p
+        value = expected / cost.relative(k + 1)
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+class SpecStepper:
+    """Decodes a reply's pending token, speculatively when a draft is worth it.
+
+    `step(token)` puts the sampled `token` (already shown) into the context and returns the next
+    sampled tokens in order: one without a draft, up to 1 + accepted with one. The context then
+    holds everything before the last returned token, which is pending (as after a plain step).
+    `settle(n_used)` tells it how many of the returned tokens the turn used (it stops at an
+    end-of-generation token or a limit): the context is cut back to match, in the one rollback
+    a hybrid model allows per batch."""
+
+    def __init__(
+        self, live: LiveSequence, sampler: Sampler, settings: SpeculationSettings, session: Sequence[int]
+    ) -> None:
+        self.live = live
+        self.sampler = sampler
+        self.settings = settings
+        self.k_max = min(settings.max_draft, live.max_draft)
+        self.index = NgramIndex(settings.min_match, max(settings.min_match, 8))
+        self.index.extend(session)
+        self.cost = CostModel(slope=settings.batch_cost_prior)
+        self.acceptance = Acceptance()
+        self.counters = SpecCounters()
+        self._rejected = 0  # rejected drafts of the last verify batch, still in the context
+        self._returned = 1  # tokens the last step returned
+        self._skip = 0  # plain steps left before drafting is tried again (back-off)
+        self._backoff = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.k_max > 0
+
+    def _plain(self, token: int) -> list[int]:
+        t0 = time.perf_counter()
+        self.live.append(token)
+        nxt = self.live.sample(self.sampler)
+        self.cost.record(1, time.perf_counter() - t0)
+        self.counters.decode_calls += 1
+        self.index.add(token)
+        self._returned = 1
+        return [nxt]
+
+    def step(self, token: int, room: int) -> list[int]:
+        """Decode the pending `token` (the last one `step` returned, or the first of the reply)
+        and return the next sampled tokens. `room`: most tokens the turn can still use after
+        `token` (its length limit); the context's own end is checked here."""
+        self.settle(self._returned - 1)  # the last round's rejected drafts go first
+        k_cap = min(self.k_max, room - 1, self.live.n_ctx - len(self.live) - 2)
+        if k_cap <= 0 or self._skip > 0:
+            self._skip = max(self._skip - 1, 0)
+            return self._plain(token)
+        draft, length = self.index.draft(k_cap, after=token)
+        k = 0
+        if draft:
+            gain = 1.0 + self.settings.min_gain
+            k = min(len(draft), best_draft_length(self.acceptance.rate(length), k_cap, self.cost, gain))
+        if k == 0:
+            return self._plain(token)
+        draft = draft[:k]
+        t0 = time.perf_counter()
+        self.live.verify([token, *draft])
+        out: list[int] = []
+        for i in range(k + 1):
+            y = self.live.sample(self.sampler, i)
+            out.append(y)
+            if i == k or y != draft[i]:
+                break
+        accepted = len(out) - 1
+        self.cost.record(k + 1, time.perf_counter() - t0)
+        c = self.counters
+        c.drafted += k
+        c.accepted += accepted
+        c.rounds += 1
+        c.decode_calls += 1
+        self.acceptance.update(length, k, accepted)
+        if accepted == 0:  # back off: a few plain steps, more after each miss in a row
+            self._skip, self._backoff = self._backoff, min(self._backoff * 2, 64)
+        else:
+            self._backoff = 1
+        self.index.add(token)
+        self.index.extend(draft[:accepted])
+        self._returned, self._rejected = len(out), k - accepted
+        return out
+
+    def held_before(self, i: int) -> int:
+        """Tokens the context holds, once settled, while the `i`-th token the last `step`
+        returned is pending."""
+        return len(self.live) - self._rejected - (self._returned - 1 - i)
+
+    def settle(self, stop: int) -> None:
+        """The turn stopped at the `stop`-th token the last `step` returned (0-based; that
+        token stays pending, undecoded): cut the context back to the token before it, together
+        with the round's rejected drafts, in the one rollback a hybrid model allows per batch."""
+        unused = self._returned - 1 - stop
+        drop = self._rejected + unused
+        if drop > 0:
+            self.live.rollback(drop)
+            if unused:
+                self.index.truncate(len(self.index) - unused)
+        self._returned, self._rejected = stop + 1, 0
+
+
+def verify_batch_costs(
+    live: LiveSequence, prompt: Sequence[int], sizes: Sequence[int], repeats: int
+) -> dict[int, float]:
+    """Median seconds of one verify batch (logits for every position) of each size that fits
+    `max_draft`, after decoding `prompt`; each sample leaves one more token in the context.
+    The benchmark sets these against one token (`velo-chat bench --spec`)."""
+    live.clear()
+    for pos in range(0, len(prompt), live.n_ubatch):
+        live.extend(prompt[pos : pos + live.n_ubatch])
+    filler = list(prompt[: max(sizes)])
+    samples: dict[int, list[float]] = {n: [] for n in sizes if n - 1 <= live.max_draft and n <= len(filler)}
+    for _ in range(repeats):
+        for n, got in samples.items():
+            t0 = time.perf_counter()
+            live.verify(filler[:n])
+            live.synchronize()
+            got.append(time.perf_counter() - t0)
+            live.rollback(n - 1)
+    live.clear()
+    return {n: statistics.median(v) for n, v in samples.items()}

@@ -1,0 +1,356 @@
+"""Exact n-gram speculation on real models: SmolLM2 (attention) and the tiny qwen4exp (hybrid).
+
+Every comparison is between two real engines, one with speculation and one without, over the
+same conversation: the reply's tokens, its finish reason and the tokens the context holds after
+the turn must be the same. The tiny random-weight qwen4exp never repeats itself, so its drafts
+come from an "oracle": the session the draft source indexes is given the plain run's reply
+first (all of it, a corrupted copy, or its first tokens only), which makes the acceptance high,
+low or zero on purpose while the verify, sample and rollback code under test stays the real one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.engine_helpers import test_profile
+from velo_chat.engine import speculation, turn_runner
+from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.checkpoints import state_layout
+from velo_chat.engine.config.profiles import ProfileError
+from velo_chat.engine.engine import Engine
+from velo_chat.engine.events import TokenDelta, TurnDone
+from velo_chat.engine.speculation import CostModel, NgramIndex, SpecStepper
+
+COPY = [
+    ChatMessage(
+        "user",
+        "Here is a Python function:\n\n```python\n"
+        + inspect.getsource(textwrap.dedent)
+        + "```\n\nRename the variable `margin` to `common` and give back the whole function.",
+    )
+]
+PROSE = [ChatMessage("user", "Write a short poem about the sea in the evening light.")]
+SHORT = [ChatMessage("user", "What is the capital of France? One sentence.")]
+ONE_THREAD = {"n_threads": 1, "n_threads_batch": 1}
+
+
+def _engine(path: Path, root: Path, *, spec: bool, **sections: dict) -> Engine:
+    ctx = {**ONE_THREAD, **sections.pop("context", {})}
+    spec_section = {"enabled": spec, "max_draft": 8, **sections.pop("speculation", {})}
+    engine = Engine(
+        test_profile(path, context=ctx, speculation=spec_section, **sections), checkpoint_root=root
+    )
+    engine.load()
+    return engine
+
+
+def _run(engine: Engine, messages: Sequence[ChatMessage], *, max_tokens: int, cancel_after: int = 0, **kw):
+    """(token ids, TurnDone, the context's tokens after the turn)."""
+    ids: list[int] = []
+    done = None
+    with engine.turn(messages, max_tokens=max_tokens, **kw) as turn:
+        for event in turn:
+            if isinstance(event, TokenDelta):
+                ids.append(event.token_id)
+                if cancel_after and len(ids) == cancel_after:
+                    turn.cancel()
+            elif isinstance(event, TurnDone):
+                done = event
+    assert done is not None
+    return ids, done, engine._require()[2].tokens
+
+
+@pytest.fixture
+def forced(monkeypatch: pytest.MonkeyPatch):
+    """Make the stepper draft whenever it has a match (no cost model: verify batches are taken
+    to cost one step), and optionally index an oracle before the session. Returns a setter."""
+    oracle: list[int] = []
+
+    class Forced(SpecStepper):
+        def __init__(self, live, sampler, settings, session):
+            super().__init__(live, sampler, settings, [*oracle, *session])
+            self.cost = CostModel(slope=0.0)
+            self.cost.record = lambda n, seconds: None  # type: ignore[method-assign]
+
+    monkeypatch.setattr(turn_runner, "SpecStepper", Forced)
+
+    def set_oracle(tokens: Sequence[int]) -> None:
+        oracle[:] = tokens
+
+    return set_oracle
+
+
+def _oracle(engine: Engine, messages: Sequence[ChatMessage], reply: Sequence[int]) -> list[int]:
+    """The prompt followed by `reply`: indexed before the session, so that when the real
+    prompt ends the draft source proposes `reply`."""
+    return [*engine.tokens_for(messages, engine.template_variables()), *reply]
+
+
+def _corrupt(reply: Sequence[int], every: int) -> list[int]:
+    return [(t + 1) % 1000 if i % every == every - 1 else t for i, t in enumerate(reply)]
+
+
+# -- the draft source and the cost rule -------------------------------------------------------
+
+
+def test_ngram_index_finds_the_longest_recent_match() -> None:
+    index = NgramIndex(2, 8)
+    index.extend([1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 6, 7])
+    index.extend([0, 2, 3])
+    draft, length = index.draft(3, after=4)
+    assert draft == [6, 7, 0] and length == 3  # the latest "2 3 4", not the first
+    index.extend([1, 2, 3, 4])
+    draft, length = index.draft(2)
+    assert length == 4 and draft == [5, 9]  # "1 2 3 4" beats the later "2 3 4"
+    assert index.draft(4, after=77) == ([], 0)
+    index.truncate(3)
+    assert index.tokens == [1, 2, 3] and index.draft(2) == ([], 0)  # nothing points past the end
+
+
+def test_draft_length_follows_acceptance_and_cost() -> None:
+    cpu = CostModel(slope=0.6)
+    assert speculation.best_draft_length(0.3, 16, cpu, 1.05) == 0  # novel text: no draft
+    assert speculation.best_draft_length(0.99, 16, cpu, 1.05) >= 8
+    gpu = CostModel(slope=0.02)
+    assert speculation.best_draft_length(0.5, 16, gpu, 1.05) >= 2
+    cpu.record(1, 0.010)
+    cpu.record(5, 0.010)  # measured: a batch of 5 as cheap as one token
+    assert cpu.relative(5) == pytest.approx(1.0)
+
+
+# -- exactness on SmolLM2 (attention) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("messages", [COPY, PROSE], ids=["copy-edit", "prose"])
+def test_smollm2_greedy_identical(smollm2_path: Path, tmp_path: Path, messages) -> None:
+    plain = _engine(smollm2_path, tmp_path / "a", spec=False)
+    spec = _engine(smollm2_path, tmp_path / "b", spec=True, speculation={"batch_cost_prior": 0.0})
+    try:
+        a = _run(plain, messages, max_tokens=96)
+        b = _run(spec, messages, max_tokens=96)
+        assert b[0] == a[0] and b[1].text == a[1].text and b[2] == a[2]
+        assert b[1].stats.finish_reason == a[1].stats.finish_reason
+        st = b[1].stats
+        if messages is COPY:  # the copy is drafted and mostly accepted
+            assert st.spec_rounds > 0 and st.spec_acceptance > 0.5 and st.tokens_per_call > 1.2
+        assert st.to_json()["speculation"]["drafted"] == st.spec_drafted
+        # the follow-up turn starts from the same context and gives the same reply
+        follow = [*messages, ChatMessage("assistant", a[1].text), ChatMessage("user", "Thanks. Again?")]
+        assert _run(spec, follow, max_tokens=24)[:1] == _run(plain, follow, max_tokens=24)[:1]
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_smollm2_draft_with_end_of_generation(smollm2_path: Path, tmp_path: Path, forced) -> None:
+    """The oracle ends with the end-of-generation token: the turn stops inside a verify batch,
+    the drafts after it are rolled back, and the context ends where the plain run's does."""
+    plain = _engine(smollm2_path, tmp_path / "a", spec=False)
+    spec = _engine(smollm2_path, tmp_path / "b", spec=True)
+    try:
+        a = _run(plain, SHORT, max_tokens=200)
+        assert a[1].stats.finish_reason == "stop"
+        eog = plain._require()[0].tokenize("<|im_end|>", parse_special=True)
+        forced(_oracle(spec, SHORT, [*a[0], *eog, 5, 6, 7]))
+        b = _run(spec, SHORT, max_tokens=200)
+        assert b[0] == a[0] and b[1].stats.finish_reason == "stop" and b[2] == a[2]
+        assert b[1].stats.spec_accepted > len(a[0]) // 2
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_smollm2_draft_runs_to_the_end_of_the_context(smollm2_path: Path, tmp_path: Path, forced) -> None:
+    ctx = {"n_ctx": 256}  # the prompt is about 40 tokens: the reply reaches the end
+    plain = _engine(smollm2_path, tmp_path / "a", spec=False, context=ctx)
+    spec = _engine(smollm2_path, tmp_path / "b", spec=True, context=ctx)
+    try:
+        a = _run(plain, PROSE, max_tokens=400, ignore_eos=True)
+        assert a[1].stats.finish_reason == "context"
+        forced(_oracle(spec, PROSE, [*a[0], *a[0]]))
+        b = _run(spec, PROSE, max_tokens=400, ignore_eos=True)
+        assert b[0] == a[0] and b[1].stats.finish_reason == "context" and b[2] == a[2]
+        assert b[1].stats.spec_rounds > 0
+    finally:
+        plain.close()
+        spec.close()
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen"])
+def test_cancel_in_the_middle_of_a_verify_batch(request, tmp_path: Path, forced, model: str) -> None:
+    """Cancelled after the 5th token, which comes out of a verify batch with more after it: the
+    reply stops there and the context holds what the plain run's holds."""
+    path = request.getfixturevalue("smollm2_path" if model == "smollm2" else "qwen_path")
+    plain = _engine(path, tmp_path / "a", spec=False)
+    spec = _engine(path, tmp_path / "b", spec=True)
+    try:
+        full = _run(plain, PROSE, max_tokens=24, ignore_eos=True)
+        plain.reset()
+        a = _run(plain, PROSE, max_tokens=24, ignore_eos=True, cancel_after=5)
+        forced(_oracle(spec, PROSE, full[0]))
+        b = _run(spec, PROSE, max_tokens=24, ignore_eos=True, cancel_after=5)
+        assert b[1].stats.finish_reason == a[1].stats.finish_reason == "cancelled"
+        assert b[0] == a[0] == full[0][:5] and b[2] == a[2]
+        assert b[1].stats.spec_rounds == 1 and b[1].stats.spec_accepted == 8  # one batch: 1 + 8 tokens
+        follow = [*PROSE, ChatMessage("assistant", a[1].text), ChatMessage("user", "More.")]
+        forced([])
+        assert _run(spec, follow, max_tokens=16)[0] == _run(plain, follow, max_tokens=16)[0]
+    finally:
+        plain.close()
+        spec.close()
+
+
+# -- the hybrid model ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["high", "low", "zero", "accepted-then-none"])
+def test_qwen_greedy_identical(qwen_path: Path, tmp_path: Path, forced, kind: str) -> None:
+    plain = _engine(qwen_path, tmp_path / "a", spec=False)
+    spec = _engine(qwen_path, tmp_path / "b", spec=True)
+    try:
+        a = _run(plain, PROSE, max_tokens=48, ignore_eos=True)
+        oracle = {
+            "high": a[0],
+            "low": _corrupt(a[0], 5),
+            "zero": [],
+            "accepted-then-none": a[0][:20],
+        }[kind]
+        forced(_oracle(spec, PROSE, oracle) if oracle else [])
+        b = _run(spec, PROSE, max_tokens=48, ignore_eos=True)
+        assert b[0] == a[0] and b[2] == a[2]
+        st = b[1].stats
+        if kind == "zero":
+            assert st.spec_drafted == 0
+        else:
+            assert st.spec_rounds > 0 and st.spec_accepted > 0
+        if kind == "high":
+            assert st.spec_acceptance > 0.9
+        else:  # plain steps between or after the batches
+            assert st.decode_calls > st.spec_rounds
+        if kind == "low":
+            assert st.spec_accepted < st.spec_drafted
+        # the next turn (from the follow-up boundary) agrees too
+        forced([])
+        follow = [*PROSE, ChatMessage("assistant", a[1].text), ChatMessage("user", "More.")]
+        assert _run(spec, follow, max_tokens=16)[0] == _run(plain, follow, max_tokens=16)[0]
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_qwen_rollback_is_exact(qwen_path: Path, tmp_path: Path) -> None:
+    """After a rejected draft is rolled back, the next logits are those of a run that never saw
+    the rejected tokens (the same accepted tokens, decoded in a batch of their own); and a state
+    saved right after the rollback resumes to the same logits."""
+    engine = _engine(qwen_path, tmp_path / "a", spec=True)
+    other = _engine(qwen_path, tmp_path / "b", spec=True)
+    try:
+        _model, ctx, live = engine._require()
+        _model2, ctx2, live2 = other._require()
+        assert ctx.n_rs_seq == 8 and live.max_draft == 8
+        prompt = engine.tokens_for(PROSE, engine.template_variables())
+        pending, chain = prompt[-1], prompt[3:12]  # any tokens will do as "accepted" ones
+        for accepted in (0, 2, 5):
+            draft = [*chain[:accepted], 7, 8, 9]
+            live.clear()
+            live.extend(prompt[:-1])
+            live.verify([pending, *draft])
+            live.rollback(3)
+            assert live.tokens == (*prompt, *chain[:accepted])
+            state = ctx.get_state()  # saved right after the rollback
+            live.append(chain[accepted])
+            after = live.logits()
+            # the run that never saw the rejected tokens
+            live2.clear()
+            live2.extend(prompt[:-1])
+            live2.verify([pending, *chain[:accepted]])
+            live2.append(chain[accepted])
+            np.testing.assert_array_equal(after, live2.logits())
+            # resume from the state saved right after the rollback, in the other context
+            assert ctx2.set_state(state)
+            assert ctx2.decode_one(chain[accepted]) == 0
+            np.testing.assert_array_equal(after, ctx2.logits_at(-1))
+            live2.clear()
+            # without the rollback the logits are another model state's altogether
+            live.clear()
+            live.extend(prompt[:-1])
+            live.verify([pending, *draft])
+            live.append(chain[accepted])
+            assert np.abs(live.logits() - after).max() > 1e-3
+    finally:
+        engine.close()
+        other.close()
+
+
+def test_checkpoints_from_another_state_layout_are_not_restored(qwen_path: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    plain = _engine(qwen_path, root, spec=False)
+    layout = state_layout(plain._require()[1])
+    _run(plain, PROSE, max_tokens=8)
+    plain.flush_checkpoints()
+    plain.close()
+    spec = _engine(qwen_path, root, spec=True)
+    try:
+        assert state_layout(spec._require()[1]) == {**layout, "n_rs_seq": 8}
+        assert spec.preview(PROSE).source == "none"  # the snapshots' layout: never restored
+    finally:
+        spec.close()
+    again = _engine(qwen_path, root, spec=False)
+    try:
+        assert again.preview(PROSE).source == "disk"  # the same layout: restored
+    finally:
+        again.close()
+
+
+# -- temperature > 0 ----------------------------------------------------------------------------
+
+
+def test_sampled_acceptance_follows_the_speculative_sampling_rule() -> None:
+    """The engine accepts a drafted token x when the turn's sampler chain, drawing from p,
+    gives x. On a six-token distribution with a fixed seed: x is accepted with probability
+    p(x), and a rejection yields p with x removed, renormalised."""
+    from llama_cpp import llama_cpp as ll
+
+    p = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
+    n_vocab, draft, trials = len(p), 1, 20000
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(1.0))
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(1234))
+    data = (ll.llama_token_data * n_vocab)()
+    arr = ll.llama_token_data_array(data, n_vocab, -1, False)
+    accepted = 0
+    replaced = np.zeros(n_vocab)
+    try:
+        for _ in range(trials):
+            for i in range(n_vocab):
+                data[i].id, data[i].logit, data[i].p = i, float(np.log(p[i])), 0.0
+            arr.size, arr.selected, arr.sorted = n_vocab, -1, False
+            ll.llama_sampler_apply(chain, ctypes.byref(arr))
+            y = data[arr.selected].id
+            if y == draft:
+                accepted += 1
+            else:
+                replaced[y] += 1
+    finally:
+        ll.llama_sampler_free(chain)
+    sigma = np.sqrt(p[draft] * (1 - p[draft]) / trials)
+    assert abs(accepted / trials - p[draft]) < 4 * sigma
+    assert replaced[draft] == 0
+    rest = np.delete(p, draft) / (1 - p[draft])
+    observed = np.delete(replaced, draft)
+    expected = rest * observed.sum()
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # 4 degrees of freedom: p < 0.0005
+
+
+def test_profile_checks_the_draft_fits_a_batch(smollm2_path: Path) -> None:
+    with pytest.raises(ProfileError, match="max_draft"):
+        test_profile(smollm2_path, speculation={"enabled": True, "max_draft": 64})
+    assert test_profile(smollm2_path, speculation={"enabled": True}).speculation.enabled
