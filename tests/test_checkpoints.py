@@ -17,7 +17,7 @@ import pytest
 from velo_chat.engine import checkpoint_file as cf
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.checkpoint_tiers import DiskTier, RamTier
-from velo_chat.engine._checkpoints import Checkpoints
+from velo_chat.engine.checkpoints import Checkpoints
 from velo_chat.engine.config.profile_schema import CheckpointSettings
 
 FP = "f" * 64
