@@ -6,7 +6,7 @@
 #
 # Inputs in .device/ (ignored by git, made by hand): llcpp.tar.xz (the llama-cpp-python 0.3.36
 # sdist), whl/*.whl (its runtime deps), tiny-qwen4exp.gguf, and ple/tiny-qwen4exp-<type>.gguf for
-# the five PLE table types (tests/support/tiny_qwen4exp.py with ple_type=...). The build applies
+# the PLE table types but f32 (tests/support/tiny_qwen4exp.py with ple_type=...). The build applies
 # packaging/patches/*.patch and lives in /tmp (a warm machine reuses it; the stamp holds the flags
 # and the patches' hash). Logs and JSON go to $OUT.
 set -uo pipefail
@@ -21,8 +21,12 @@ stamp="$flags $(cat packaging/patches/*.patch | sha256sum | cut -c1-16)"
 if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/whl/*.whl
   rm -rf /tmp/src-ple && mkdir -p /tmp/src-ple && tar xJf .device/llcpp.tar.xz -C /tmp/src-ple
-  for p in packaging/patches/*.patch; do
-    patch -p1 --batch --forward --silent -d /tmp/src-ple/llama_cpp_python-0.3.36 < "$p" || exit 1
+  for p in "$root"/packaging/patches/*.patch; do
+    if command -v patch > /dev/null; then
+      patch -p1 --batch --forward --silent -d /tmp/src-ple/llama_cpp_python-0.3.36 < "$p" || exit 1
+    else
+      (cd /tmp/src-ple/llama_cpp_python-0.3.36 && git apply -p1 "$p") || exit 1
+    fi
   done
   t0=$(date +%s)
   CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-index \
@@ -34,15 +38,19 @@ fi
 mkdir -p /tmp/pkg/velo_chat
 for d in app engine kernels store assets; do ln -sfn "$root/$d" "/tmp/pkg/velo_chat/$d"; done
 export PYTHONPATH=/tmp/pkg:$site:$root
-export VELO_TEST_QWEN=$root/.device/tiny-qwen4exp.gguf VELO_TEST_PLE_MODELS=$root/.device/ple
+# the f32 one is tiny-qwen4exp.gguf itself (the generator's default): linked, not carried twice
+mkdir -p /tmp/ple-models && ln -sf "$root"/.device/ple/*.gguf /tmp/ple-models/
+[ -e /tmp/ple-models/tiny-qwen4exp-f32.gguf ] || \
+  ln -s "$root/.device/tiny-qwen4exp.gguf" /tmp/ple-models/tiny-qwen4exp-f32.gguf
+export VELO_TEST_QWEN=$root/.device/tiny-qwen4exp.gguf VELO_TEST_PLE_MODELS=/tmp/ple-models
 export VELO_CHAT_HOME=/tmp/velo-home-ple
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; cat /proc/loadavg
 
 # The GPU tests, the CPU-path inertness test, and hybrid resume with every layer on the GPU (the
 # engine's default "auto" now takes the provider path there: checkpoints on that path).
-timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/test_ple_provider.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/test_ple_provider.py \
   -k "not plan_says and not engine_reports" 2>&1 | tee "$out/tests.log" | tail -8
-VELO_TEST_GPU_LAYERS=-1 timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:randomly \
+VELO_TEST_GPU_LAYERS=-1 timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:randomly \
   tests/test_resume.py -k "qwen4exp or hybrid or interval" 2>&1 | tee -a "$out/tests.log" | tail -4
 
 mkdir -p "$VELO_CHAT_HOME/config/profiles"
@@ -53,13 +61,22 @@ done
 n=$(nproc)
 bench() {  # name, args...
   local name=$1; shift
-  timeout 150 python3 -m velo_chat.app.cli bench --model "$VELO_TEST_QWEN" --json --no-resume \
+  timeout 100 python3 -m velo_chat.app.cli bench --model "$VELO_TEST_QWEN" --json --no-resume \
     --prefill-sizes 512 --decode-tokens 512 --repeats 3 "$@" > "$out/bench_$name.json" \
     2> "$out/bench_$name.err" || { echo "bench $name failed"; tail -5 "$out/bench_$name.err"; }
 }
 bench stock --profile ple-stock --threads "1,2,4,$n"
 bench gpu --profile ple-gpu --threads "1,2"
-grep -h "PLE gather\|PLE table" "$VELO_CHAT_HOME"/logs/*.log 2>/dev/null | cut -c1-220 | tail -4
+# Around each llama_decode (no sampling, no engine turn): stock and provider, with and without
+# CUDA graphs (read at CUDA start-up, so one process each).
+for g in 0 1; do
+  for mode in stock gpu; do
+    envs=(); [ $g = 1 ] && envs=(GGML_CUDA_DISABLE_GRAPHS=1)
+    env "${envs[@]}" timeout 60 python3 benchmarks/ple_decode.py \
+      --model "$VELO_TEST_QWEN" --mode $mode --tokens 512 --threads 1 2> "$out/decode_${mode}_g$g.err" \
+      | tee "$out/decode_${mode}_g$g.json" | sed "s/^/no-graphs=$g /"
+  done
+done
 python3 - "$out" <<'PY'
 import json, sys, pathlib
 for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*.json")):

@@ -1,9 +1,9 @@
-"""The PLE rows of a qwen4exp model gathered on the GPU, inside llama.cpp's CUDA graph.
+"""The PLE rows of a qwen4exp model gathered on the GPU, on llama.cpp's CUDA stream.
 
 llama.cpp (with packaging/patches/ple-provider.patch) calls a registered provider once per
 ubatch with the hashed row ids and a GPU destination; the provider launches `kernels/`'s gather +
 dequantize on llama.cpp's CUDA stream and returns. The token-embedding table goes to the GPU with
-a tensor override, so a fully offloaded decode step is a single GPU graph split (docs/ple.md).
+a tensor override, so the decode step loses its CPU split for the input embeddings (docs/ple.md).
 
 `plan()` decides before the load whether the model runs this way (`ple_gather` in the profile),
 `PleProvider` registers the callback on a loaded model. Anything that fails says why in one log
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,14 +179,25 @@ class PleProvider:
         from ..kernels.ple_table import PleTable
 
         self.table = PleTable.open(model_path)
+        self._warm_up()
         self.error: str | None = None
         self.calls = 0
+        self.busy_s = 0.0  # time spent in the callback (its Python and launch overhead)
+        self.unordered_calls = 0  # calls without a stream from llama.cpp (each synchronizes)
         self._prepared: dict[tuple[int, int, int], Any] = {}
         self._streams: dict[int, Any] = {}
         self._set = provider_symbol()
         self._model = model_ptr
         self._cb = PROVIDER_FN(self._gather)
         self._set(model_ptr, self._cb, None)
+
+    def _warm_up(self) -> None:
+        """One gather now, so the kernel is compiled and loaded before the first prefill."""
+        import cupy
+
+        out = cupy.empty(self.table.row_dim, dtype=np.float32)
+        self.table.gather(np.zeros((1, 1), dtype=np.int32), out)
+        cupy.cuda.get_current_stream().synchronize()
 
     def describe(self) -> str:
         t = self.table
@@ -204,6 +216,7 @@ class PleProvider:
         return s
 
     def _gather(self, p: Any, _ud: Any) -> bool:
+        t0 = time.perf_counter()
         a = p.contents
         try:
             self.calls += 1
@@ -222,6 +235,7 @@ class PleProvider:
             else:
                 self._launch(rows, int(a.dst), n, stream)
             if not a.stream:
+                self.unordered_calls += 1
                 stream.synchronize()  # no stream from llama.cpp: finish before returning
         except Exception as exc:  # noqa: BLE001 - never raise into C
             if self.error is None:
@@ -234,6 +248,7 @@ class PleProvider:
                 cupy.cuda.runtime.deviceSynchronize()
             except Exception:  # noqa: BLE001
                 log.debug("zeroing the PLE destination failed", exc_info=True)
+        self.busy_s += time.perf_counter() - t0
         return True
 
     def _rows(self, a: PleGatherArgs) -> np.ndarray:
@@ -272,7 +287,7 @@ class PleProvider:
         idx, launch, done, _err = prep
         done.synchronize()  # the previous launch has read the pinned row ids
         idx[:] = check_rows(rows, t.n_rows)
-        launch(stream)
+        launch(int(stream.ptr))
         done.record(stream)
 
     def close(self) -> None:

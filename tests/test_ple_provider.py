@@ -7,7 +7,8 @@ greedy tokens, graphs still reused. The engine resolves `ple_gather` to "stock" 
 On a CUDA build with CuPy (`gpu` marker, run on the device machine): greedy tokens and logits of
 the tiny qwen4exp are the same with llama.cpp's CPU gather and with the provider, for every PLE
 table type, after a 64- and a 512-token prefill and over single-token decode; decode graphs are
-reused; a decode step is one graph split with the provider; a provider that reads one row off
+reused; a decode step has one graph split fewer with the provider (the CPU split of the input
+embeddings is gone); a provider that reads one row off
 changes the logits (so the comparison can fail), and one that reads outside the table fails the
 decode with an error instead of aborting or hanging.
 """
@@ -23,12 +24,16 @@ import numpy as np
 import pytest
 
 from tests.support.engine_helpers import test_profile
-from tests.support.tiny_qwen4exp import PLE_TYPES, tiny_qwen4exp_path
 from velo_chat.engine import gguf_file, ple_provider
 from velo_chat.engine.llama_context import DecodeError, LlamaContext
 from velo_chat.engine.llama_model import LlamaModel
 
 ll = pytest.importorskip("llama_cpp.llama_cpp")
+
+try:  # the generator needs the gguf package, which the GPU machine lacks (it has prebuilt models)
+    from tests.support.tiny_qwen4exp import PLE_TYPES
+except ImportError:
+    PLE_TYPES = ("f32", "f16", "bf16", "q8_0", "iq4_nl")
 
 
 # -- every build --------------------------------------------------------------------------------
@@ -153,6 +158,8 @@ def ple_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     prebuilt = os.environ.get("VELO_TEST_PLE_MODELS")
     if prebuilt:
         return {t: Path(prebuilt) / f"tiny-qwen4exp-{t}.gguf" for t in PLE_TYPES}
+    from tests.support.tiny_qwen4exp import tiny_qwen4exp_path
+
     smollm2 = request.getfixturevalue("smollm2_path")
     cache = tmp_path_factory.mktemp("tiny-ple-types")
     return {t: tiny_qwen4exp_path(cache, smollm2, ple_type=t) for t in PLE_TYPES}
@@ -219,8 +226,9 @@ def test_provider_matches_stock(ple_models, ple_type: str, n_prompt: int, caplog
     assert gpu_run.tokens == stock.tokens
     assert len(set(stock.tokens)) > 3
     np.testing.assert_allclose(gpu_run.logits, stock.logits, rtol=0, atol=1e-4)
-    assert gpu_run.splits == 1, "a decode step with the provider is one GPU split"
-    assert stock.splits > 1
+    # the CPU split of the token embedding and PLE rows is gone (the tiny model's other ops still
+    # split its decode graph: 10 splits stock, 9 with the provider on the H200)
+    assert gpu_run.splits == stock.splits - 1
     assert gpu_run.reused >= 0.95 * (n_new - 1)
 
 

@@ -123,9 +123,9 @@ class ModelSettings:
     ple_gather: str = setting(
         "auto",
         "Where a qwen4exp model's per-layer n-gram embedding rows (PLE) are gathered: "
-        '"gpu" on the GPU by the velo-chat CUDA kernel, inside the llama.cpp GPU graph, with the '
-        "token-embedding table on the GPU too (a fully offloaded decode step is then one GPU "
-        'graph split), "stock" by llama.cpp on the CPU. "auto": "gpu" when llama.cpp is built '
+        '"gpu" on the GPU by the velo-chat CUDA kernel on the llama.cpp CUDA stream, with the '
+        "token-embedding table on the GPU too (no CPU split for the input embeddings), "
+        '"stock" by llama.cpp on the CPU. "auto": "gpu" when llama.cpp is built '
         "with CUDA (and the PLE patch), CuPy works, the model has a PLE table and its PLE layer "
         'is on the GPU; otherwise "stock". If the GPU path cannot start, the log says why and '
         "the model runs stock (docs/ple.md).",
