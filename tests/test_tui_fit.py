@@ -29,12 +29,22 @@ def _refusal(model: Path) -> report.DoesNotFit:
     return report.DoesNotFit(found)
 
 
+def _app(tmp_path: Path, model: Path):
+    return fake_app(tmp_path, FakeScript(check_errors={"spark-qwen38": _refusal(model)}))
+
+
+async def _switch_refused(pilot):
+    """Switch from the running default profile to spark-qwen38, which the fit check refuses."""
+    screen = await ready(pilot)
+    pilot.app.use_profile(load_profile("spark-qwen38"), ask=False, activate=True)
+    await until(pilot, lambda: isinstance(pilot.app.screen, ConfirmDialog))
+    return screen
+
+
 async def test_a_refused_profile_loads_anyway_when_the_user_says_so(tmp_path, smollm2_path):
-    app, factory = fake_app(tmp_path, FakeScript(check_errors={"spark-qwen38": _refusal(smollm2_path)}))
+    app, factory = _app(tmp_path, smollm2_path)
     async with app.run_test(size=SIZE) as pilot:
-        screen = await ready(pilot)
-        app.use_profile(load_profile("spark-qwen38"), ask=False, activate=True)
-        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        screen = await _switch_refused(pilot)
         body = app.screen.body
         assert "verdict: does not fit" in body and "checkpoints in RAM" in body
         assert "Profile 'default' was closed to make room" in body
@@ -46,11 +56,9 @@ async def test_a_refused_profile_loads_anyway_when_the_user_says_so(tmp_path, sm
 
 
 async def test_cancel_loads_the_closed_profile_again(tmp_path, smollm2_path):
-    app, factory = fake_app(tmp_path, FakeScript(check_errors={"spark-qwen38": _refusal(smollm2_path)}))
+    app, factory = _app(tmp_path, smollm2_path)
     async with app.run_test(size=SIZE) as pilot:
-        screen = await ready(pilot)
-        app.use_profile(load_profile("spark-qwen38"), ask=False, activate=True)
-        await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
+        screen = await _switch_refused(pilot)
         await pilot.press("n")
         await until(pilot, lambda: screen.model_ready)
         assert app.host.loaded_profile.name == "default" and app.profile.name == "default"
