@@ -131,7 +131,7 @@ def run_load(
                 return
         if refused is not None:
             log.warning("model load refused: %s", one_line(refused))
-            table = refused.report.table()
+            table = refused.report.compact()
             post(
                 ModelLoadFailed(
                     _reason(refused), load_id, None, refused=profile, fit_table=table, closed=previous

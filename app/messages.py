@@ -44,7 +44,7 @@ class ModelLoadFailed(Message):
     active: Profile | None = None  # the profile still (or again) running; None: no model
     active_info: ModelLoaded | None = None  # set when `active` had to be loaded again
     refused: Profile | None = None  # the fit check refused this profile: the screen offers "load anyway"
-    fit_table: str = ""  # and its arithmetic (docs/fit.md)
+    fit_table: str = ""  # and its table, compact (`FitReport.compact`; docs/fit.md)
     closed: Profile | None = None  # closed to make room for `refused`: loaded again if the user declines
 
 

@@ -210,8 +210,8 @@ class ChatScreen(SessionActions, Screen[None]):
             ConfirmDialog(
                 "The model may not fit in memory",
                 escape(
-                    f"{msg.fit_table}\n\n{msg.reason}{still}\n\nLoading it anyway can make the machine "
-                    "swap or stall."
+                    f"{msg.fit_table}{still}\n\nLoading it anyway can make the machine swap or stall. "
+                    "`velo-chat doctor` shows the arithmetic."
                 ),
                 yes="Load anyway",
                 no="Cancel",

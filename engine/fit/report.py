@@ -124,6 +124,22 @@ class FitReport:
         lines.extend(f"  to fit: {s}" for s in self.suggestions)
         return "\n".join(lines)
 
+    def compact(self) -> str:
+        """The table for a narrow dialog: sizes first, no arithmetic (`table()` has it)."""
+        lines = [f"Memory for profile {self.profile!r}:"]
+        for t in self.terms:
+            where = f", {t.place}" if t.place != RAM else ""
+            lines.append(f"{fmt(t.bytes):>11}  {t.label}{where}")
+        lines.append(f"{fmt(self.ram_needed):>11}  needed in RAM ({fmt(RESERVE)} kept free included)")
+        lines.append(f"{fmt(self.ram_available):>11}  available (MemAvailable)")
+        if self.separate_gpu:
+            avail = self.gpu_available
+            lines.append(f"{fmt(self.gpu_needed):>11}  needed on the GPU")
+            lines.append(f"{fmt(avail) if avail is not None else 'unknown':>11}  free on the GPU")
+        lines.append(f"verdict: {self.verdict}")
+        lines.extend(f"to fit: {s}" for s in self.suggestions)
+        return "\n".join(lines)
+
     def to_json(self) -> dict[str, object]:
         return {
             "profile": self.profile,
