@@ -279,6 +279,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self.set_class(True, "-busy")
         self._cancel = threading.Event()
         transcript = self.query_one(Transcript)
+        transcript.freeze_history()  # before the new messages: they count only once laid out
         self._user_view = await transcript.add_message(MessageView("user", text))
         self._reply = await transcript.add_message(
             MessageView("assistant", streaming=True, show_thinking=self.app.profile.reasoning.show_thinking)
@@ -387,6 +388,7 @@ class ChatScreen(SessionActions, Screen[None]):
         self.request_preview()
 
     def _end_busy(self) -> None:
+        self.query_one(Transcript).thaw()
         self.busy = False
         self._sync_composer()
         self.set_class(False, "-busy")

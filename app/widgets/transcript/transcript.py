@@ -1,10 +1,20 @@
 """The scrolling list of messages. While a reply streams it follows the bottom (Textual's
-`anchor`), and lets go as soon as the user scrolls up."""
+`anchor`), and lets go as soon as the user scrolls up.
+
+While a reply streams, the messages more than a screen above the viewport are stood down
+(`freeze_history`): hidden, with one empty block of exactly their height in their place, so the
+scroll position and the scrollbar do not move. Each streamed update makes Textual lay out every
+widget on the screen, and a long session's messages are hundreds of Markdown block widgets: that
+layout was most of the UI thread's time, and the UI thread's time is taken from the decode on a
+small machine (`app/stream_pacer.py`). They come back (`thaw`) when the reply ends, when the user
+scrolls up, and when the transcript changes width (their heights would change).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual import events
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
@@ -24,10 +34,17 @@ class Transcript(VerticalScroll, can_focus=False):
         super().__init__(id=id)
         self.show_thinking = show_thinking
 
+        self._frozen: list[MessageView] = []
+        self._frozen_width = 0
+
     def compose(self):
         yield Static(EMPTY_TEXT, id="transcript-empty")
+        stand_in = Static("", id="transcript-frozen")
+        stand_in.display = False
+        yield stand_in
 
     async def show_messages(self, messages: Sequence[Message]) -> None:
+        self.thaw()
         await self.remove_children(MessageView)
         views = [
             MessageView(
@@ -54,11 +71,57 @@ class Transcript(VerticalScroll, can_focus=False):
     def set_show_thinking(self, show: bool) -> None:
         """Show or hide every message's reasoning (the profile's `reasoning.show_thinking`)."""
         self.show_thinking = show
+        self.thaw()  # the stand-in's height would be wrong
         for view in self.query(MessageView):
             view.set_show_thinking(show)
 
     def follow(self) -> None:
         self.anchor()
+
+    # -- standing the history down while a reply streams ------------------------------------
+
+    def freeze_history(self) -> None:
+        """Hide the messages that end more than a screen above the viewport, behind a stand-in
+        of their height. Only messages already laid out count, so call it before the newly
+        mounted ones matter (they are at the bottom anyway)."""
+        if self._frozen:
+            return
+        keep_from = self.scroll_y - self.size.height
+        hidden: list[MessageView] = []
+        for view in self.views():
+            region = view.virtual_region_with_margin
+            if not view.display or region.height == 0 or region.bottom > keep_from:
+                break
+            hidden.append(view)
+        if not hidden:
+            return
+        height = hidden[-1].virtual_region_with_margin.bottom - hidden[0].virtual_region_with_margin.y
+        stand_in = self.query_one("#transcript-frozen", Static)
+        stand_in.styles.height = height
+        with self.app.batch_update():
+            stand_in.display = True
+            for view in hidden:
+                view.display = False
+        self._frozen, self._frozen_width = hidden, self.size.width
+
+    def thaw(self) -> None:
+        """Show the stood-down messages again (a no-op when none are)."""
+        if not self._frozen:
+            return
+        with self.app.batch_update():
+            for view in self._frozen:
+                view.display = True
+            self.query_one("#transcript-frozen", Static).display = False
+        self._frozen = []
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._frozen and new_value < old_value:  # the user scrolls up: give them everything
+            self.thaw()
+
+    def on_resize(self, event: events.Resize) -> None:
+        if event.size.width != self._frozen_width:  # the hidden messages' heights changed
+            self.thaw()
 
     def views(self) -> list[MessageView]:
         return list(self.query(MessageView))

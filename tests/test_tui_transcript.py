@@ -1,0 +1,117 @@
+"""The transcript stands its history down while a reply streams (hidden behind a stand-in of the
+same height, so a streamed update lays out only what is near the screen) and brings it back,
+without moving what the user sees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import App
+
+from velo_chat.app.screens import chat
+from velo_chat.app.widgets.transcript.message import MessageView
+from velo_chat.app.widgets.transcript.transcript import Transcript
+from velo_chat.store import Message
+
+ANSWER = "\n\n".join(
+    [
+        "## A heading",
+        "A paragraph that wraps over a few lines of the transcript at this width, twice over. " * 2,
+        "- **one**: a list item\n- **two**: another\n- **three**: a third",
+        "```python\nx = 1\ny = 2\n```",
+    ]
+)
+
+
+def history(n: int) -> list[Message]:
+    return [
+        Message(
+            i,
+            "s",
+            i,
+            role,
+            f"question {i}" if role == "user" else f"answer {i}\n\n{ANSWER}",
+            "complete",
+            None,
+            None,
+            {},
+            0.0,
+        )
+        for i, role in enumerate(["user", "assistant"] * n)
+    ]
+
+
+class TranscriptApp(App):
+    CSS_PATH = Path(chat.__file__).parent / chat.ChatScreen.CSS_PATH  # the messages' real styles
+
+    def compose(self):
+        yield Transcript(id="transcript")
+
+
+async def shown_at_bottom(pilot) -> Transcript:
+    transcript = pilot.app.query_one(Transcript)
+    await transcript.show_messages(history(8))
+    await pilot.pause()
+    transcript.scroll_end(animate=False, immediate=True)
+    await pilot.pause()
+    return transcript
+
+
+async def test_history_above_the_screen_is_stood_down_without_moving_the_view():
+    app = TranscriptApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await shown_at_bottom(pilot)
+        before = app.export_screenshot()
+        scroll, virtual = transcript.scroll_y, transcript.virtual_size.height
+        views = transcript.views()
+
+        transcript.freeze_history()
+        await pilot.pause()
+
+        hidden = [v for v in views if not v.display]
+        assert hidden and hidden == views[: len(hidden)]  # a prefix, never the latest messages
+        assert all(v.display for v in views[len(hidden) :])
+        assert all(
+            v.virtual_region.bottom <= scroll - transcript.size.height for v in hidden
+        )  # only messages well above the screen
+        assert (transcript.scroll_y, transcript.virtual_size.height) == (scroll, virtual)
+        assert app.export_screenshot() == before
+
+        transcript.thaw()
+        await pilot.pause()
+        assert all(v.display for v in views)
+        assert (transcript.scroll_y, transcript.virtual_size.height) == (scroll, virtual)
+        assert app.export_screenshot() == before
+
+
+async def test_scrolling_up_or_a_new_width_brings_the_history_back():
+    app = TranscriptApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await shown_at_bottom(pilot)
+        transcript.freeze_history()
+        await pilot.pause()
+        assert not all(v.display for v in transcript.views())
+        transcript.scroll_up(animate=False)
+        await pilot.pause()
+        assert all(v.display for v in transcript.views())
+
+        transcript.scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        transcript.freeze_history()
+        await pilot.pause()
+        assert not all(v.display for v in transcript.views())
+        await pilot.resize_terminal(100, 24)
+        await pilot.pause()
+        assert all(v.display for v in transcript.views())
+
+
+async def test_a_new_session_starts_with_nothing_stood_down():
+    app = TranscriptApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await shown_at_bottom(pilot)
+        transcript.freeze_history()
+        await pilot.pause()
+        await transcript.show_messages(history(1))
+        await pilot.pause()
+        assert not transcript.query_one("#transcript-frozen").display
+        assert [v.display for v in transcript.query(MessageView)] == [True, True]
