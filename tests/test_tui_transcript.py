@@ -84,22 +84,24 @@ async def test_history_above_the_screen_is_stood_down_without_moving_the_view():
         assert app.export_screenshot() == before
 
 
+async def frozen(pilot, transcript: Transcript) -> None:
+    transcript.scroll_end(animate=False, immediate=True)
+    await pilot.pause()
+    transcript.freeze_history()
+    await pilot.pause()
+    assert not all(v.display for v in transcript.views())
+
+
 async def test_scrolling_up_or_a_new_width_brings_the_history_back():
     app = TranscriptApp()
     async with app.run_test(size=(80, 24)) as pilot:
         transcript = await shown_at_bottom(pilot)
-        transcript.freeze_history()
-        await pilot.pause()
-        assert not all(v.display for v in transcript.views())
+        await frozen(pilot, transcript)
         transcript.scroll_up(animate=False)
         await pilot.pause()
         assert all(v.display for v in transcript.views())
 
-        transcript.scroll_end(animate=False, immediate=True)
-        await pilot.pause()
-        transcript.freeze_history()
-        await pilot.pause()
-        assert not all(v.display for v in transcript.views())
+        await frozen(pilot, transcript)
         await pilot.resize_terminal(100, 24)
         await pilot.pause()
         assert all(v.display for v in transcript.views())
@@ -109,8 +111,7 @@ async def test_a_new_session_starts_with_nothing_stood_down():
     app = TranscriptApp()
     async with app.run_test(size=(80, 24)) as pilot:
         transcript = await shown_at_bottom(pilot)
-        transcript.freeze_history()
-        await pilot.pause()
+        await frozen(pilot, transcript)
         await transcript.show_messages(history(1))
         await pilot.pause()
         assert not transcript.query_one("#transcript-frozen").display
