@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from .setup import default_model
-from . import gguf_file
 from .config import locations
 from .fit import machine as fit_machine
 from .fit import llama_buffers
@@ -168,9 +167,8 @@ class Engine:
 
         Reads only the headers, so a profile switch can refuse a bad path before the running
         model is closed (a big machine cannot hold two large models to try)."""
-        gguf_file.read_header(self._model_path)
         self.fit = None
-        self.fit = fit_report.check(self._profile, self._model_path, fit_machine.probe())
+        self.fit = fit_report.check(self._profile, self._model_path, fit_machine.probe())  # reads the headers
         if not self.fit.fits:
             raise fit_report.DoesNotFit(self.fit)
 

@@ -15,10 +15,12 @@ from velo_chat.engine.config import locations
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.fit import estimate, llama_buffers, machine, report
 from velo_chat.engine.fit.model_facts import read_facts
+from velo_chat.engine.gguf_file import GGUFError
 from velo_chat.engine.llama_context import LlamaContext
 from velo_chat.engine.llama_model import LlamaModel
 
 from tests.support.engine_helpers import run_cli, test_profile
+from tests.support.gguf_split import split_gguf
 
 CASES = {
     "smol-test": ("smol", {}),
@@ -220,3 +222,22 @@ def test_on_unified_memory_everything_goes_against_mem_available(smollm2_path: P
         found.ram_needed == sum(t.bytes for t in found.terms if t.place != estimate.CACHE) + estimate.RESERVE
     )
     assert "GPU (unified RAM)" in found.table()
+
+
+def test_check_refuses_a_missing_shard_and_a_truncated_file_with_one_line(smollm2_path: Path, tmp_path: Path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2_path.read_bytes()[: 5 << 20])
+    with pytest.raises(GGUFError, match="truncated GGUF"):
+        Engine(test_profile(cut)).check()
+    with pytest.raises(GGUFError, match="model file not found"):
+        Engine(test_profile(tmp_path / "gone.gguf")).check()
+    shards = split_gguf(smollm2_path, tmp_path / "split", max_tensors=100)
+    assert len(shards) == 3
+    whole, one = read_facts(shards[0]), read_facts(smollm2_path)  # every shard's tensors counted once
+    assert whole.file_bytes == sum(p.stat().st_size for p in shards)
+    assert whole.layer_bytes == one.layer_bytes and whole.input_bytes + whole.output_bytes == (
+        one.input_bytes + one.output_bytes
+    )
+    shards[2].unlink()
+    with pytest.raises(GGUFError, match="shard 3 of 3 is missing"):
+        Engine(test_profile(shards[0])).check()
