@@ -149,9 +149,10 @@ def test_the_cli_refuses_a_model_that_does_not_fit_with_its_table_and_exit_2(smo
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
-def test_force_loads_it_anyway(smollm2_path: Path):
+@pytest.mark.parametrize("where", ["ask --force", "--force ask"])
+def test_force_loads_it_anyway(smollm2_path: Path, where: str):
     _huge_profile(smollm2_path)
-    result = run_cli("ask", "--profile", "huge", "--force", "hello")
+    result = run_cli(*where.split(), "--profile", "huge", "hello")
     assert result.returncode == 0, result.stderr
     assert "loading anyway (--force)" in result.stderr and result.stdout.strip()
 
