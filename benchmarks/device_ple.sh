@@ -4,40 +4,14 @@
 #
 #   bash benchmarks/device_ple.sh        (run from the repo root; carry: .device)
 #
-# Inputs in .device/ (ignored by git, made by hand): llcpp.tar.xz (the llama-cpp-python 0.3.36
+# Inputs in .device/ (ignored by git; benchmarks/prepare_device.sh makes them): llcpp.tar.xz (the llama-cpp-python 0.3.36
 # sdist), whl/*.whl (its runtime deps), tiny-qwen4exp.gguf, and ple/tiny-qwen4exp-<type>.gguf for
 # the PLE table types but f32 (tests/support/tiny_qwen4exp.py with ple_type=...). The build applies
 # packaging/patches/*.patch and lives in /tmp (a warm machine reuses it; the stamp holds the flags
 # and the patches' hash). Logs and JSON go to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-root=$PWD
-out=${OUT:-/tmp/out}
-site=${VELO_SITE:-/tmp/velo-site-ple}
-mkdir -p "$out" "$site"
-export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
-flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
-stamp="$flags $(cat packaging/patches/*.patch | sha256sum | cut -c1-16)"
-if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/whl/*.whl
-  rm -rf /tmp/src-ple && mkdir -p /tmp/src-ple && tar xJf .device/llcpp.tar.xz -C /tmp/src-ple
-  for p in "$root"/packaging/patches/*.patch; do
-    if command -v patch > /dev/null; then
-      patch -p1 --batch --forward --silent -d /tmp/src-ple/llama_cpp_python-0.3.36 < "$p" || exit 1
-    else
-      (cd /tmp/src-ple/llama_cpp_python-0.3.36 && git apply -p1 "$p") || exit 1
-    fi
-  done
-  t0=$(date +%s)
-  CMAKE_ARGS="$flags" CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-index \
-    --no-deps --no-build-isolation --upgrade --target "$site" /tmp/src-ple/llama_cpp_python-0.3.36 \
-    > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
-  echo "$stamp" > "$site/.stamp"
-  echo "build: $(( $(date +%s) - t0 )) s"
-fi
-mkdir -p /tmp/pkg/velo_chat
-for d in app engine kernels store assets; do ln -sfn "$root/$d" "/tmp/pkg/velo_chat/$d"; done
-export PYTHONPATH=/tmp/pkg:$site:$root
+source benchmarks/device_build.sh
 # the f32 one is tiny-qwen4exp.gguf itself (the generator's default): linked, not carried twice
 mkdir -p /tmp/ple-models && ln -sf "$root"/.device/ple/*.gguf /tmp/ple-models/
 [ -e /tmp/ple-models/tiny-qwen4exp-f32.gguf ] || \
