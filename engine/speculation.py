@@ -237,16 +237,19 @@ class SpecStepper:
         `token` (its length limit); the context's own end is checked here."""
         self.settle(self._returned - 1)  # the last round's rejected drafts go first
         k_cap = min(self.k_max, room - 1, self.live.n_ctx - len(self.live) - 2)
-        if k_cap <= 0 or self._skip > 0:
-            self._skip = max(self._skip - 1, 0)
+        if k_cap <= 0:
             return self._plain(token)
         draft, length = self.index.draft(k_cap, after=token)
         k = 0
-        if draft:
+        if draft and self._skip == 0:
             gain = 1.0 + self.settings.min_gain
             k = min(len(draft), best_draft_length(self.acceptance.rate(length), k_cap, self.cost, gain))
         if k == 0:
-            return self._plain(token)
+            self._skip = max(self._skip - 1, 0)
+            out = self._plain(token)
+            if draft:  # not drafted, but was the draft right? (learns when copying starts)
+                self.acceptance.update(length, 1, int(out[0] == draft[0]))
+            return out
         draft = draft[:k]
         t0 = time.perf_counter()
         self.live.verify([token, *draft])

@@ -106,3 +106,35 @@ async def test_panel_lines_follow_every_update_with_or_without_a_layout():
         await pilot.pause()
         assert app.query_one("#panel-ttft", Static).size.height == height + 1
         assert "thinking 40" in str(app.query_one("#panel-thinking", Static).render())
+
+
+async def test_panel_speculation_line_shows_the_last_turns_drafts():
+    from textual.app import App
+    from textual.widgets import Static
+
+    from velo_chat.app.widgets.telemetry.panel import LivePanel
+    from velo_chat.engine.events import TurnStats
+
+    class PanelApp(App):
+        def compose(self):
+            yield LivePanel(clock=lambda: 0.0, memory_probe=lambda: (2**20, None), memory_interval=None)
+
+    def stats(drafted: int, accepted: int, calls: int) -> TurnStats:
+        return TurnStats(
+            0.1, 10, 0, 10, 0.1, 100.0, 41, 1.0, 40.0, 0, 0.0, 0.0, 0.0, 1.0, "stop",
+            spec_drafted=drafted, spec_accepted=accepted, decode_calls=calls,
+        )  # fmt: skip
+
+    app = PanelApp()
+    async with app.run_test(size=(40, 40)) as pilot:
+        panel = app.query_one(LivePanel)
+        panel.turn_ended(stats(30, 24, 16))
+        assert panel.speculation == "off"  # off: nothing to show
+        panel.set_speculation(True)
+        panel.turn_sent()
+        panel.turn_ended(stats(30, 24, 16))
+        await pilot.pause()
+        assert panel.speculation == "on · 24/30 accepted (80%) · 2.50 tok/call"
+        assert "24/30 accepted" in " ".join(str(w.render()) for w in app.query(Static))
+        panel.turn_ended(stats(0, 0, 40))
+        assert panel.speculation == "on · nothing drafted"

@@ -65,6 +65,7 @@ class LivePanel(Vertical):
         self.fill_tokens = 0
         self.graphs = "—"
         self.speculation = "off"
+        self.speculation_enabled = False
         self._lines: dict[str, str] = {}  # what each line shows (`_show`)
         self.ple_fraction: float | None = None  # the PLE table's share in the page cache
 
@@ -119,6 +120,7 @@ class LivePanel(Vertical):
         self.query_one("#panel-model", Static).update("[b red]not loaded[/]")
 
     def set_speculation(self, enabled: bool) -> None:
+        self.speculation_enabled = enabled
         self.speculation = "on" if enabled else "off"
         self._render_context()
 
@@ -174,6 +176,13 @@ class LivePanel(Vertical):
             self.ttft = stats.ttft_s
             self.n_reasoning, self.first_answer = stats.reasoning_tokens, stats.first_answer_s
             self.graphs = f"{stats.graphs_reused:,}" if stats.backend == "local" else "—"
+            if self.speculation_enabled and stats.backend == "local":  # the last turn's drafts
+                self.speculation = (
+                    f"on · {stats.spec_accepted:,}/{stats.spec_drafted:,} accepted"
+                    f" ({stats.spec_acceptance:.0%}) · {stats.tokens_per_call:.2f} tok/call"
+                    if stats.spec_drafted
+                    else "on · nothing drafted"
+                )
             self.fill_tokens = stats.prompt_tokens + stats.decode_tokens
             if stats.backend == "remote":  # known only once the server reported its numbers
                 source = "server" if stats.cached_tokens else "cold"
