@@ -111,3 +111,11 @@ def test_doctor_warm_ple_reads_the_table_into_the_page_cache(qwen_path: Path):
     result = run_cli("doctor", "--profile", "tiny", "--json", "--warm-ple")
     assert result.returncode == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["ple_residency"]["fraction"] == 1.0
+
+
+def test_doctor_reports_a_default_model_not_downloaded_as_a_problem(bare_home: Path):
+    """The embedded default model not fetched yet (a fresh machine): a finding with exit 1."""
+    result = run_cli("doctor", "--json")
+    assert result.returncode == 1, result.stderr
+    d = json.loads(result.stdout)
+    assert not d["usable"] and "not downloaded" in d["model"]["error"]

@@ -18,6 +18,7 @@ from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
 from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.gguf_file import GGUFError
+from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.kernels import cudart
 
 from .common import resolve_profile
@@ -123,7 +124,7 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     try:
         path = resolve_model_path(profile)
         facts = read_facts(path)
-    except (GGUFError, OSError, ValueError) as exc:
+    except (GGUFError, OSError, ValueError, DefaultModelMissing) as exc:  # a finding, not a crash
         out["model"]["error"] = str(exc).splitlines()[0]
         problems.append(f"model: {out['model']['error']}")
         return _finish(out, problems, advice)
