@@ -172,7 +172,7 @@ def test_the_follow_up_boundary_is_a_prefix_of_every_follow_up(engine):
     start, end = token_id(model, "<|im_start|>"), token_id(model, "<|im_end|>")
     for reply in REPLIES:
         prompt = engine.tokens_for(HISTORY)
-        boundary = follow_up_prefix(engine, tuple(HISTORY), reply)
+        boundary = follow_up_prefix(engine.tokens_for, tuple(HISTORY), reply)
         assert boundary[: len(prompt)] == prompt, repr(reply)  # the reply continues the prompt
         assert boundary[-5:-2] == [end, *model.tokenize("\n"), start]
         assert decode(model, boundary[-2:]) == "user\n"
