@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+from typing import Any
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass

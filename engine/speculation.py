@@ -246,10 +246,10 @@ class SpecStepper:
             k = min(len(draft), best_draft_length(self.acceptance.rate(length), k_cap, self.cost, gain))
         if k == 0:
             self._skip = max(self._skip - 1, 0)
-            out = self._plain(token)
+            plain = self._plain(token)
             if draft:  # not drafted, but was the draft right? (learns when copying starts)
-                self.acceptance.update(length, 1, int(out[0] == draft[0]))
-            return out
+                self.acceptance.update(length, 1, int(plain[0] == draft[0]))
+            return plain
         draft = draft[:k]
         t0 = time.perf_counter()
         self.live.verify([token, *draft])
