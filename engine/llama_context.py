@@ -222,14 +222,15 @@ class LlamaContext:
                 ll.llama_batch_free(self._batch)
             self._batch = ll.llama_batch_init(max(n, 16), 0, 1)
             self._batch_cap = max(n, 16)
-        b = self._batch
-        b.n_tokens = n  # type: ignore[attr-defined]
+        b: Any = self._batch  # a ctypes llama_batch (made above when too small or missing)
+        assert b is not None
+        b.n_tokens = n
         for i, t in enumerate(tokens):
-            b.token[i] = t  # type: ignore[attr-defined]
-            b.pos[i] = pos0 + i  # type: ignore[attr-defined]
-            b.n_seq_id[i] = 1  # type: ignore[attr-defined]
-            b.seq_id[i][0] = SEQ  # type: ignore[attr-defined]
-            b.logits[i] = 1  # type: ignore[attr-defined]
+            b.token[i] = t
+            b.pos[i] = pos0 + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = SEQ
+            b.logits[i] = 1
         self._in_use = self._threads[1]
         rc = ll.llama_decode(self.ctx, b)
         if rc != 0:
