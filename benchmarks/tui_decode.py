@@ -199,13 +199,22 @@ class TmuxApp:
         self.wait_for(lambda s: READY_MARK in s and BUSY_MARK not in s, 60, "the app to be idle")
 
     def open_session(self, title: str) -> None:
+        """Filter the sidebar down to `title` and open it (keys retried: a loaded machine can
+        take longer than one pause to move the focus)."""
         self.keys("C-f")
         self.type(title)
-        self.keys("Enter")  # to the filtered list: one match
-        time.sleep(0.3)
-        self.keys("Home")
-        self.keys("Enter")
-        self.wait_for(lambda s: title in s.splitlines()[0], 30, f"session {title!r} to open")
+        for _ in range(5):
+            self.keys("Enter")  # from the filter to the list, which holds the one match
+            time.sleep(0.5)
+            self.keys("Home")
+            self.keys("Enter")
+            try:
+                self.wait_for(lambda s: title in s.splitlines()[0], 10, f"session {title!r} to open")
+                break
+            except RuntimeError:
+                self.keys("C-f")
+        else:
+            raise RuntimeError(f"session {title!r} did not open; the screen:\n{self.screen()}")
         self.keys("C-l")
         self.idle()
 
