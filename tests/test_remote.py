@@ -20,7 +20,7 @@ import pytest
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.config import locations
 from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.events import TokenDelta, TurnDone
+from velo_chat.engine.events import PrefillProgress, TokenDelta, TurnDone
 from velo_chat.engine.remote.engine import RemoteEngine
 from velo_chat.store import SessionStore
 
@@ -276,6 +276,39 @@ def test_a_broken_stream_keeps_the_partial_reply_marked_interrupted(faults, isol
         ("user", "Hello", "complete"),
         ("assistant", "Hello from the", "interrupted"),
     ]
+
+
+def test_what_llama_server_reports_becomes_the_turns_stats(faults, isolated_home):
+    """Prefill progress, `timings` and the usage chunk: cached tokens (the server's prompt
+    cache), the server's own rates and its speculation counts."""
+    profile = build_profile(
+        "r", {"backend": {"kind": "remote", "base_url": faults.url("llamacpp"), "model": MODEL}}
+    )
+    with RemoteEngine(profile) as engine:
+        engine.load()
+        events = list(engine.turn([ChatMessage("user", "Hello")]))
+    progress = [e for e in events if isinstance(e, PrefillProgress)]
+    assert [(p.done, p.total) for p in progress] == [(5, 5)]
+    stats = events[-1].stats
+    assert (stats.prompt_tokens, stats.cached_tokens, stats.prefill_tokens) == (17, 12, 5)
+    assert (stats.prefill_tok_s, stats.decode_tok_s, stats.decode_tokens) == (1250.0, 100.0, 6)
+    assert stats.checkpoint["source"] == "server" and stats.backend == "remote"
+    assert stats.server["draft_n"] == 4 and stats.server["draft_n_accepted"] == 3
+    out = ask_json(remote_profile("lcpp", faults.url("llamacpp"), model=MODEL), "Hello")
+    assert out["stats"]["cached_tokens"] == 12 and out["stats"]["server"]["cache_n"] == 12
+
+
+def test_without_the_openai_package_a_remote_profile_says_which_extra(faults, tmp_path):
+    """The `remote` extra not installed: one line naming it, exit 2."""
+    shim = tmp_path / "shim" / "openai"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('openai is not installed')\n")
+    name = remote_profile("noextra", faults.url("ok"), model=MODEL)
+    proc = run_cli("ask", "--profile", name, "Hello", env={"PYTHONPATH": str(shim.parent)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "velo-chat: error: a remote backend needs the openai package: pip install 'velo-chat[remote]'"
+    )
 
 
 def test_the_api_key_is_sent_but_never_written(faults, isolated_home, monkeypatch):

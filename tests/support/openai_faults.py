@@ -4,7 +4,9 @@ Each fault lives under its own path prefix, so one server serves every test:
 `http://127.0.0.1:PORT/<fault>/v1`. Faults: `ok`, `401`, `403`, `404` (chat endpoint unknown),
 `nomodel` (the model list lacks the model), `429then` (two 429s, then a normal stream), `500`,
 `cut` (three chunks, then the connection drops mid-body), `garbage` (two chunks, then a chunk
-that is not JSON). Every request's headers are recorded, so a test can check what was sent.
+that is not JSON), `llamacpp` (a normal stream with what llama-server adds: a prefill progress
+chunk, `timings` in the last chunk, then a usage chunk). Every request's headers are recorded,
+so a test can check what was sent.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ from typing import Any
 
 MODEL = "fake-model"
 WORDS = ["Hello", " from", " the", " fake", " server", "."]
+LLAMACPP_TIMINGS = {
+    "prompt_n": 5,
+    "cache_n": 12,
+    "prompt_ms": 4.0,
+    "prompt_per_second": 1250.0,
+    "predicted_n": 6,
+    "predicted_ms": 60.0,
+    "predicted_per_second": 100.0,
+    "draft_n": 4,
+    "draft_n_accepted": 3,
+}
 
 
 def _chunk(content: str | None = None, finish: str | None = None) -> bytes:
@@ -88,6 +101,11 @@ class FaultServer:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 words = WORDS[:3] if fault in ("cut", "garbage") else WORDS
+                if fault == "llamacpp":
+                    progress = {"total": 17, "cache": 12, "processed": 17, "time_ms": 4.0}
+                    self._send(
+                        f"data: {json.dumps({'choices': [], 'prompt_progress': progress})}\n\n".encode()
+                    )
                 for w in words:
                     self._send(_chunk(w))
                 if fault == "cut":  # drop the connection in the middle of the body
@@ -96,6 +114,18 @@ class FaultServer:
                     return
                 if fault == "garbage":
                     self._send(b"data: {this is not json\n\n")
+                elif fault == "llamacpp":
+                    last = json.loads(_chunk(finish="stop")[6:])
+                    last["timings"] = LLAMACPP_TIMINGS
+                    self._send(f"data: {json.dumps(last)}\n\n".encode())
+                    usage = {
+                        "prompt_tokens": 17,
+                        "completion_tokens": 6,
+                        "total_tokens": 23,
+                        "prompt_tokens_details": {"cached_tokens": 12},
+                    }
+                    self._send(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+                    self._send(b"data: [DONE]\n\n")
                 else:
                     self._send(_chunk(finish="stop"))
                     self._send(b"data: [DONE]\n\n")
