@@ -46,17 +46,23 @@ predicts the next token far better than a 3-token one."""
 MAX_MATCH_CHECK = 32
 """How far back a match found by its hash is compared to measure its real length."""
 
+NGRAM_SIZES = (4, 6, 8)
+"""The n-gram sizes indexed besides `min_match` (fewer sizes: less work per token; a longer
+match is found through its last 8, 6 or 4 tokens and then measured)."""
+
 
 class NgramIndex:
-    """Where each n-gram (n from `min_n` to `max_n`) of a token sequence last occurred.
+    """Where each n-gram of a token sequence last occurred, for n in `min_n` and the sizes of
+    `NGRAM_SIZES` above it.
 
-    `add(token)` is O(max_n - min_n) dict updates; `draft(k)` looks the sequence's suffix up,
-    longest n first. Keys are Python hashes of the n-gram tuples; a hash collision is caught by
-    comparing the tokens before a match is used."""
+    `add(token)` is a few dict updates; `draft(k)` looks the sequence's suffix up, longest n
+    first, and measures the match back up to `MAX_MATCH_CHECK` tokens. Keys are Python hashes
+    of the n-gram tuples; a hash collision is caught by comparing the tokens before a match is
+    used, and entries that point past the end (after `truncate`) are ignored."""
 
-    def __init__(self, min_n: int, max_n: int) -> None:
-        self.min_n = min_n
-        self.max_n = max(max_n, min_n)
+    def __init__(self, min_n: int) -> None:
+        self.sizes = tuple(sorted({min_n, *(n for n in NGRAM_SIZES if n > min_n)}))
+        self._longest_first = self.sizes[::-1]
         self.tokens: list[int] = []
         self._next: dict[int, int] = {}  # hash(n-gram) -> index of the token that followed it
 
@@ -70,46 +76,37 @@ class NgramIndex:
     def add(self, token: int) -> None:
         toks = self.tokens
         end = len(toks)  # n-grams ending here are followed by `token`
-        for n in range(self.min_n, min(self.max_n, end) + 1):
+        for n in self.sizes:
+            if n > end:
+                break
             self._next[hash((n, *toks[end - n : end]))] = end
         toks.append(token)
 
     def truncate(self, n: int) -> None:
-        """Forget tokens after the first `n` (index entries that point past them are ignored)."""
+        """Forget the tokens after the first `n`."""
         del self.tokens[n:]
 
-    def match(self) -> tuple[int, int]:
-        """(index of the continuation, match length) of the longest n-gram that ends the
-        sequence and occurred before; (-1, 0) when none."""
+    def draft(self, k: int) -> tuple[list[int], int]:
+        """Up to `k` tokens predicted to follow the sequence, from the longest n-gram that ends
+        it and occurred before; and the length of that match. ([], 0) when there is none."""
         toks = self.tokens
         end = len(toks)
-        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
-            j = self._next.get(hash((n, *toks[end - n : end])))
-            if j is None or j >= end or j < n or toks[j - n : j] != toks[end - n : end]:
+        for n in self._longest_first:
+            if n >= end:
                 continue
-            length = n  # measure the whole match (up to MAX_MATCH_CHECK)
+            suffix = toks[end - n : end]
+            j = self._next.get(hash((n, *suffix)))
+            if j is None or j >= end or toks[j - n : j] != suffix:
+                continue
+            length = n  # measure the whole match
             while (
                 length < MAX_MATCH_CHECK
                 and j - length - 1 >= 0
                 and toks[j - length - 1] == toks[end - length - 1]
             ):
                 length += 1
-            return j, length
-        return -1, 0
-
-    def draft(self, k: int, after: int | None = None) -> tuple[list[int], int]:
-        """Up to `k` tokens predicted to follow the sequence (plus `after`, a sampled token not
-        yet in it); and the match length they come from."""
-        if after is not None:
-            self.add(after)
-        try:
-            j, length = self.match()
-            if j < 0:
-                return [], 0
-            return self.tokens[j : j + k], length
-        finally:
-            if after is not None:
-                self.tokens.pop()
+            return toks[j : j + k], length
+        return [], 0
 
 
 @dataclass
@@ -193,12 +190,12 @@ def best_draft_length(a: float, k_max: int, cost: CostModel, gain: float) -> int
 class SpecStepper:
     """Decodes a reply's pending token, speculatively when a draft is worth it.
 
-    `step(token)` puts the sampled `token` (already shown) into the context and returns the next
-    sampled tokens in order: one without a draft, up to 1 + accepted with one. The context then
-    holds everything before the last returned token, which is pending (as after a plain step).
-    `settle(n_used)` tells it how many of the returned tokens the turn used (it stops at an
-    end-of-generation token or a limit): the context is cut back to match, in the one rollback
-    a hybrid model allows per batch."""
+    `step(token, room)` puts the sampled `token` (already shown) into the context and returns
+    the next sampled tokens in order: one without a draft, 1 + accepted with one. Once settled,
+    the context holds everything before the last returned token, which is pending (as after a
+    plain step). `settle(stop)` says at which returned token the turn stopped (an
+    end-of-generation token, a cancel or a limit): the context is cut back to just before it,
+    with the rejected drafts, in the one rollback a hybrid model allows per batch."""
 
     def __init__(
         self, live: LiveSequence, sampler: Sampler, settings: SpeculationSettings, session: Sequence[int]
@@ -207,7 +204,7 @@ class SpecStepper:
         self.sampler = sampler
         self.settings = settings
         self.k_max = min(settings.max_draft, live.max_draft)
-        self.index = NgramIndex(settings.min_match, max(settings.min_match, 8))
+        self.index = NgramIndex(settings.min_match)
         self.index.extend(session)
         self.cost = CostModel(slope=settings.batch_cost_prior)
         self.acceptance = Acceptance()
@@ -217,17 +214,12 @@ class SpecStepper:
         self._skip = 0  # plain steps left before drafting is tried again (back-off)
         self._backoff = 1
 
-    @property
-    def enabled(self) -> bool:
-        return self.k_max > 0
-
     def _plain(self, token: int) -> list[int]:
         t0 = time.perf_counter()
         self.live.append(token)
         nxt = self.live.sample(self.sampler)
         self.cost.record(1, time.perf_counter() - t0)
         self.counters.decode_calls += 1
-        self.index.add(token)
         self._returned = 1
         return [nxt]
 
@@ -236,10 +228,11 @@ class SpecStepper:
         and return the next sampled tokens. `room`: most tokens the turn can still use after
         `token` (its length limit); the context's own end is checked here."""
         self.settle(self._returned - 1)  # the last round's rejected drafts go first
+        self.index.add(token)  # decoded in this step, with or without a draft
         k_cap = min(self.k_max, room - 1, self.live.n_ctx - len(self.live) - 2)
         if k_cap <= 0:
             return self._plain(token)
-        draft, length = self.index.draft(k_cap, after=token)
+        draft, length = self.index.draft(k_cap)
         k = 0
         if draft and self._skip == 0:
             gain = 1.0 + self.settings.min_gain
@@ -271,7 +264,6 @@ class SpecStepper:
             self._skip, self._backoff = self._backoff, min(self._backoff * 2, 64)
         else:
             self._backoff = 1
-        self.index.add(token)
         self.index.extend(draft[:accepted])
         self._returned, self._rejected = len(out), k - accepted
         return out

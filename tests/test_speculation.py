@@ -101,15 +101,17 @@ def _corrupt(reply: Sequence[int], every: int) -> list[int]:
 
 
 def test_ngram_index_finds_the_longest_recent_match() -> None:
-    index = NgramIndex(2, 8)
+    index = NgramIndex(2)
+    assert index.sizes == (2, 4, 6, 8)
     index.extend([1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 6, 7])
-    index.extend([0, 2, 3])
-    draft, length = index.draft(3, after=4)
+    index.extend([0, 2, 3, 4])
+    draft, length = index.draft(3)
     assert draft == [6, 7, 0] and length == 3  # the latest "2 3 4", not the first
     index.extend([1, 2, 3, 4])
     draft, length = index.draft(2)
     assert length == 4 and draft == [5, 9]  # "1 2 3 4" beats the later "2 3 4"
-    assert index.draft(4, after=77) == ([], 0)
+    index.add(77)
+    assert index.draft(4) == ([], 0)
     index.truncate(3)
     assert index.tokens == [1, 2, 3] and index.draft(2) == ([], 0)  # nothing points past the end
 
