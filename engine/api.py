@@ -30,6 +30,29 @@ class TurnHandle(Protocol):
     def close(self) -> None: ...
 
 
+class EngineFacts:
+    """What every engine reports the same way, from the `_profile` it was built from and the
+    `_info` its `load()` returned (None until then and after `close()`). A base class for the
+    implementations (the in-process engine, the remote one, the test fake), not part of the
+    protocol."""
+
+    _profile: Profile
+    _info: ModelLoaded | None
+
+    @property
+    def profile(self) -> Profile:
+        """The profile this engine was built from (`apply` replaces its per-turn settings)."""
+        return self._profile
+
+    @property
+    def info(self) -> ModelLoaded | None:
+        return self._info
+
+    @property
+    def loaded(self) -> bool:
+        return self._info is not None
+
+
 class EngineAPI(Protocol):
     @property
     def profile(self) -> Profile: ...

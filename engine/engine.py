@@ -36,6 +36,7 @@ from .fit import report as fit_report
 from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnDone, TurnFailed
+from .api import EngineFacts
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
@@ -104,7 +105,7 @@ class Turn:
         self.close()
 
 
-class Engine:
+class Engine(EngineFacts):
     """Owns the model, the context, the live sequence and the checkpoints.
 
     Not thread-safe: one call at a time (the app holds a lock around every call)."""
@@ -126,24 +127,9 @@ class Engine:
     # -- what is loaded -------------------------------------------------------------------------
 
     @property
-    def profile(self) -> Profile:
-        """The profile this engine was built from (model and context settings). Per-turn
-        settings (sampling, reasoning) are passed to `turn`; `apply` takes the rest."""
-        return self._profile
-
-    @property
     def model_path(self) -> Path:
         """The GGUF this engine loads (the first shard of a split model)."""
         return self._model_path
-
-    @property
-    def info(self) -> ModelLoaded | None:
-        """What `load()` returned; None until then and after `close()`."""
-        return self._info
-
-    @property
-    def loaded(self) -> bool:
-        return self._info is not None
 
     @property
     def thread_plan(self) -> ThreadPlan:

@@ -103,6 +103,35 @@ def faults() -> Iterator[FaultServer]:
         yield server
 
 
+async def until(cond, timeout: float = 60.0) -> None:
+    """Wait for a condition of the app under test (a real server answers in its own time)."""
+    for _ in range(int(timeout / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def remote_app(profile, tmp_path: Path):
+    from velo_chat.app.app import make_app
+    from velo_chat.app.settings import AppSettings
+
+    store = SessionStore(tmp_path / "sessions.db")
+    return make_app(profile, store=store, settings=AppSettings(), memory_interval=None, cursor_blink=False)
+
+
+async def send_when_ready(app, pilot, text: str):
+    """Once the model is ready, type `text` into the composer and press Enter; the chat screen."""
+    from velo_chat.app.screens.chat import ChatScreen
+    from velo_chat.app.widgets.composer.composer import Composer
+
+    screen = next(s for s in app.screen_stack if isinstance(s, ChatScreen))
+    await until(lambda: screen.model_ready)
+    screen.query_one(Composer).load_text(text)
+    await pilot.press("enter")
+    return screen
+
+
 def ask_json(profile: str, *args: str) -> dict:
     proc = run_cli("ask", "--profile", profile, "--json", *args)
     assert proc.returncode == 0, proc.stderr
@@ -180,11 +209,6 @@ def test_cancel_closes_the_stream_and_keeps_the_partial_reply(llama_server):
 
 
 async def test_the_live_panel_shows_what_a_real_server_streamed(llama_server, tmp_path):
-    from velo_chat.app.app import make_app
-    from velo_chat.app.screens.chat import ChatScreen
-    from velo_chat.app.settings import AppSettings
-    from velo_chat.app.widgets.composer.composer import Composer
-
     profile = build_profile(
         "r",
         {
@@ -192,21 +216,10 @@ async def test_the_live_panel_shows_what_a_real_server_streamed(llama_server, tm
             "sampling": {"temperature": 0.0, "max_tokens": 12},
         },
     )
-    store = SessionStore(tmp_path / "sessions.db")
-    app = make_app(profile, store=store, settings=AppSettings(), memory_interval=None, cursor_blink=False)
+    app = remote_app(profile, tmp_path)
     async with app.run_test(size=(120, 36)) as pilot:
-        screen = next(s for s in app.screen_stack if isinstance(s, ChatScreen))
-        for _ in range(3000):
-            if screen.model_ready:
-                break
-            await asyncio.sleep(0.02)
-        composer = screen.query_one(Composer)
-        composer.load_text("Say hello.")
-        await pilot.press("enter")
-        for _ in range(3000):
-            if screen.session is not None and not screen.busy:
-                break
-            await asyncio.sleep(0.02)
+        screen = await send_when_ready(app, pilot, "Say hello.")
+        await until(lambda: screen.session is not None and not screen.busy)
         await pilot.pause()
         reply = app.store.messages(screen.session.id)[-1]
         assert reply.status == "complete" and reply.content and reply.stats["backend"] == "remote"
@@ -335,35 +348,18 @@ def test_a_key_variable_that_is_not_set_is_one_line(faults):
     )
 
 
-def test_a_refused_turn_in_the_tui_is_a_dialog_and_the_text_stays(faults, tmp_path):
-    async def scenario() -> None:
-        from velo_chat.app.app import make_app
-        from velo_chat.app.dialogs.message import MessageDialog
-        from velo_chat.app.screens.chat import ChatScreen
-        from velo_chat.app.settings import AppSettings
-        from velo_chat.app.widgets.composer.composer import Composer
+async def test_a_refused_turn_in_the_tui_is_a_dialog_and_the_text_stays(faults, tmp_path):
+    from velo_chat.app.dialogs.message import MessageDialog
+    from velo_chat.app.widgets.composer.composer import Composer
 
-        profile = build_profile(
-            "r",
-            {"backend": {"kind": "remote", "base_url": faults.url("500"), "model": MODEL, "max_retries": 0}},
-        )
-        store = SessionStore(tmp_path / "sessions.db")
-        app = make_app(profile, store=store, settings=AppSettings(), memory_interval=None, cursor_blink=False)
-        async with app.run_test(size=(100, 30)) as pilot:
-            screen = next(s for s in app.screen_stack if isinstance(s, ChatScreen))
-            for _ in range(1500):
-                if screen.model_ready:
-                    break
-                await asyncio.sleep(0.02)
-            composer = screen.query_one(Composer)
-            composer.load_text("keep this text")
-            await pilot.press("enter")
-            for _ in range(1500):
-                if isinstance(app.screen, MessageDialog):
-                    break
-                await asyncio.sleep(0.02)
-            assert isinstance(app.screen, MessageDialog) and "failed (500)" in app.screen.body
-            assert composer.text == "keep this text"
-            assert app.store.list_sessions() == []
-
-    asyncio.run(scenario())
+    profile = build_profile(
+        "r",
+        {"backend": {"kind": "remote", "base_url": faults.url("500"), "model": MODEL, "max_retries": 0}},
+    )
+    app = remote_app(profile, tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await send_when_ready(app, pilot, "keep this text")
+        await until(lambda: isinstance(app.screen, MessageDialog))
+        assert "failed (500)" in app.screen.body
+        assert screen.query_one(Composer).text == "keep this text"
+        assert app.store.list_sessions() == []

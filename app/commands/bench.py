@@ -36,8 +36,22 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     engine = load_engine(profile, args.model, quiet=args.json)
-    if not isinstance(engine, Engine):  # a remote server: the sections it can answer
-        try:
+    try:
+        if isinstance(engine, Engine):
+            result = run_bench(
+                engine,
+                profile_name=profile.name,
+                prefill_sizes=sizes,
+                decode_tokens=args.decode_tokens,
+                repeats=args.repeats,
+                resume_tokens=0 if args.no_resume else args.resume_tokens,
+                load=args.load,
+                load_same_session=args.load_same_session,
+                thread_counts=thread_counts,
+                on_progress=note,
+                spec=args.spec,
+            )
+        else:  # a remote server: the sections it can answer
             result = run_remote_bench(
                 engine,
                 profile_name=profile.name,
@@ -46,26 +60,8 @@ def run(args: argparse.Namespace) -> int:
                 repeats=args.repeats,
                 on_progress=note,
             )
-        finally:
-            engine.close()
-        if not quiet:
-            sys.stderr.write("\r\033[K")
-        print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))
-        return 0
-    with engine:
-        result = run_bench(
-            engine,
-            profile_name=profile.name,
-            prefill_sizes=sizes,
-            decode_tokens=args.decode_tokens,
-            repeats=args.repeats,
-            resume_tokens=0 if args.no_resume else args.resume_tokens,
-            load=args.load,
-            load_same_session=args.load_same_session,
-            thread_counts=thread_counts,
-            on_progress=note,
-            spec=args.spec,
-        )
+    finally:
+        engine.close()
     if not quiet:
         sys.stderr.write("\r\033[K")
     print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))

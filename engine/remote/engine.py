@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..api import EngineFacts
 from ..chat_template import ChatMessage
 from ..config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from ..engine import Turn
@@ -102,7 +103,7 @@ def request_body(
     return body
 
 
-class RemoteEngine:
+class RemoteEngine(EngineFacts):
     """Implements `EngineAPI` (engine/api.py) for `backend.kind = "remote"`."""
 
     def __init__(self, profile: Profile, *, client_factory: Callable[..., Any] | None = None) -> None:
@@ -111,18 +112,6 @@ class RemoteEngine:
         self._client: Any = None
         self._model = profile.backend.model
         self._info: ModelLoaded | None = None
-
-    @property
-    def profile(self) -> Profile:
-        return self._profile
-
-    @property
-    def info(self) -> ModelLoaded | None:
-        return self._info
-
-    @property
-    def loaded(self) -> bool:
-        return self._info is not None
 
     @property
     def base_url(self) -> str:

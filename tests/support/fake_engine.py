@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from velo_chat.engine.api import EngineAPI
+from velo_chat.engine.api import EngineAPI, EngineFacts
 from velo_chat.engine.engine import PromptTooLong, ResumePreview, Turn
 from velo_chat.engine.llama_model import LoadCancelled
 from velo_chat.engine.events import (
@@ -51,7 +51,7 @@ class FakeScript:
     prefill_chunks: int = 4
 
 
-class FakeEngine:
+class FakeEngine(EngineFacts):
     """Implements `EngineAPI` (engine/api.py) like `Engine`; the type checker and
     tests/test_engine_api.py hold both to it."""
 
@@ -64,18 +64,6 @@ class FakeEngine:
         self.turns: list[list] = []
         self.reasoning: list = []  # the reasoning settings of each turn
         self.closed = False
-
-    @property
-    def profile(self):
-        return self._profile
-
-    @property
-    def info(self) -> ModelLoaded | None:
-        return self._info
-
-    @property
-    def loaded(self) -> bool:
-        return self._info is not None
 
     def apply(self, profile) -> None:
         self.applied.append(profile)
