@@ -120,24 +120,25 @@ class SpecCounters:
 
 
 class CostModel:
-    """Measured seconds of a decode call by batch size (an exponential moving average), with
-    a prior for sizes not measured yet: a batch of n costs 1 + `slope` * (n - 1) one-token steps."""
+    """What a decode call of n tokens costs against a one-token step: `1 + slope * (n - 1)`.
+    The slope starts at the profile's `batch_cost_prior` and follows the measured calls (an
+    exponential moving average of the one-token time, and of each batch's slope against it),
+    so one measured batch size informs every other."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
         self.slope = slope
         self.alpha = alpha
-        self._s: dict[int, float] = {}
+        self._one: float | None = None
 
     def record(self, n: int, seconds: float) -> None:
-        old = self._s.get(n)
-        self._s[n] = seconds if old is None else old + self.alpha * (seconds - old)
+        if n == 1:
+            self._one = seconds if self._one is None else self._one + self.alpha * (seconds - self._one)
+        elif self._one:
+            observed = max((seconds / self._one - 1.0) / (n - 1), 0.0)
+            self.slope += self.alpha * (observed - self.slope)
 
     def relative(self, n: int) -> float:
         """Cost of a batch of `n` over a one-token step."""
-        one = self._s.get(1)
-        got = self._s.get(n)
-        if one and got:
-            return got / one
         return 1.0 + self.slope * (n - 1)
 
 
