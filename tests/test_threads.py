@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -310,3 +314,46 @@ async def test_the_settings_form_takes_auto_or_a_number(tmp_path):
         box.value = "3"
         await pilot.pause()
         assert screen.query_one("ProfileForm").result.context.n_threads == 3
+
+
+def _busy_pids() -> set[int]:
+    """Processes running the benchmark's busy loop or its leader."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"getppid() != parent" in cmd or b"os.killpg(0, signal.SIGKILL)" in cmd:
+            if state != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("same_session", [False, True], ids=["own-session", "same-session"])
+def test_busy_processes_end_when_the_benchmark_is_killed(same_session):
+    """`bench --load` killed mid-run (a timeout, SIGKILL) leaves nothing spinning."""
+    before = _busy_pids()
+    script = (
+        "import sys, time\n"
+        "from velo_chat.engine.bench.load import busy_processes\n"
+        f"with busy_processes(2, same_session={same_session}, settle_s=0.2):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        started = _busy_pids() - before
+        assert len(started) >= 2  # the busy loops (and the leader of their own session)
+    finally:
+        child.kill()
+        child.wait()
+    for _ in range(300):  # they notice within a fraction of a second; 30 s for a loaded machine
+        if not (_busy_pids() & started):
+            break
+        time.sleep(0.1)
+    assert not (_busy_pids() & started)

@@ -34,13 +34,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BUSY_LOOP = "while True: pass"
-# The leader of a separate session: starts the busy loops, then waits to be killed with them.
+# A busy loop that ends by itself once its parent is gone, so a benchmark killed mid-run (a
+# timeout, Ctrl-C twice, SIGKILL) never leaves processes spinning on the user's cores.
+BUSY_LOOP = (
+    "import os\n"
+    "parent, i = os.getppid(), 0\n"
+    "while True:\n"
+    "    i += 1\n"
+    "    if i % 2000000 == 0 and os.getppid() != parent:\n"
+    "        break\n"
+)
+# The leader of a separate session: starts the busy loops, then waits; killed with them, or when
+# the benchmark that started it is gone, it kills its whole group.
 LEADER = (
-    "import subprocess, sys, time\n"
+    "import os, signal, subprocess, sys, time\n"
+    "parent = os.getppid()\n"
     "procs = [subprocess.Popen([sys.executable, '-S', '-c', sys.argv[2]])\n"
     "         for _ in range(int(sys.argv[1]))]\n"
-    "time.sleep(1e9)\n"
+    "while os.getppid() == parent:\n"
+    "    time.sleep(0.2)\n"
+    "os.killpg(0, signal.SIGKILL)\n"
 )
 Decode = Callable[[str], dict[str, Any]]
 
