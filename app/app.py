@@ -67,6 +67,7 @@ class VeloChatApp(App[None]):
         load_on_start: bool,
         turn_kwargs: dict[str, Any],
         owns_store: bool,
+        pace_stream: bool = True,
     ) -> None:
         super().__init__()
         self.profile = profile
@@ -80,6 +81,7 @@ class VeloChatApp(App[None]):
         self.cursor_blink = cursor_blink
         self.load_on_start = load_on_start
         self.turn_kwargs = turn_kwargs
+        self.pace_stream = pace_stream
         self._owns_store = owns_store
         self.profile_changed: Signal[Profile] = Signal(self, "profile-changed")
 
@@ -209,9 +211,11 @@ def make_app(
     cursor_blink: bool = True,
     load_on_start: bool = True,
     turn_kwargs: dict[str, Any] | None = None,
+    pace_stream: bool = True,
 ) -> VeloChatApp:
     """Build the app. Tests pass a fake `engine_factory`, a store on a temp path, fixed clocks,
-    `cursor_blink=False` and `memory_interval=None`; the benchmark passes `turn_kwargs`."""
+    `cursor_blink=False`, `memory_interval=None` and `pace_stream=False` (the stream's pace
+    would follow the machine's CPU); the benchmark passes `turn_kwargs`."""
     owns = store is None
     return VeloChatApp(
         profile,
@@ -226,4 +230,5 @@ def make_app(
         load_on_start=load_on_start,
         turn_kwargs=turn_kwargs or {},
         owns_store=owns,
+        pace_stream=pace_stream,
     )

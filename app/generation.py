@@ -39,6 +39,7 @@ from .conversation import RecordedTurn, engine_messages, record, start_turn
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
 from .stream_pacer import StreamPacer
+from .widgets.telemetry.meter import DecodeMeter
 from .messages import (
     EngineNotice,
     ModelLoadFailed,
@@ -65,6 +66,9 @@ class TurnRequest:
     turn_kwargs: dict[str, Any] = field(default_factory=dict)  # benchmarks: ignore_eos, ...
     rewind: bool = False  # regenerate: `text` replaces the last user message and its reply
     reasoning: ReasoningSettings | None = None  # None: the profile's (the thinking key flips it)
+    # Pace updates by the UI thread's CPU (stream_pacer.py). Tests turn it off: the pace would
+    # depend on the machine, and a scripted engine's clock is not the UI's.
+    paced: bool = True
 
     @property
     def reasoning_settings(self) -> ReasoningSettings:
@@ -245,11 +249,14 @@ def run_turn(
             return
         turn = started.recorded
         post(TurnAccepted(started.session, started.created, turn.user, turn.reply))
-        _stream(engine.info, turn, started.events, post, cancel, is_cancelled)
+        _stream(engine.info, turn, started.events, post, cancel, is_cancelled, req.paced)
 
 
-def _pacer(info: ModelLoaded) -> StreamPacer:
-    """Paces `TokensStreamed` by the UI thread's rendering cost (see `stream_pacer.py`)."""
+def _pacer(info: ModelLoaded, paced: bool = True) -> StreamPacer:
+    """Paces `TokensStreamed` by the UI thread's rendering cost (see `stream_pacer.py`);
+    unpaced: at the fixed minimum interval, in the events' own time."""
+    if not paced:
+        return StreamPacer(None, ui_has_own_core=True)
     return StreamPacer(threading.main_thread().ident, ui_has_own_core=usable_cores() > info.n_threads)
 
 
@@ -260,12 +267,14 @@ def _stream(
     post: Post,
     cancel: threading.Event,
     is_cancelled: Callable[[], bool],
+    paced: bool = True,
 ) -> None:
     text = reasoning = ""
     n_tokens = n_reasoning = 0
     t_first = 0.0
     t_last = float("-inf")
-    pacer = _pacer(info)
+    pacer = _pacer(info, paced)
+    meter = DecodeMeter()  # the sparkline's samples, over every token (not every update)
     pending = False
     stats = None
     failed = None
@@ -281,8 +290,13 @@ def _stream(
                 reasoning += event.reasoning
                 n_reasoning += event.in_reasoning
                 pending, t_last = True, event.t
+                meter.update(n_tokens, t_first, event.t)
                 if pacer.due(event.t):
-                    post(TokensStreamed(text, n_tokens, t_first, event.t, reasoning, n_reasoning))
+                    post(
+                        TokensStreamed(
+                            text, n_tokens, t_first, event.t, reasoning, n_reasoning, tuple(meter.samples)
+                        )
+                    )
                     pacer.posted(event.t)
                     pending = False
             elif isinstance(event, PrefillProgress):
@@ -295,7 +309,11 @@ def _stream(
                 stats = event.stats
                 text, reasoning = event.text, event.reasoning  # with held-back text flushed
                 if pending:
-                    post(TokensStreamed(text, n_tokens, t_first, t_last, reasoning, n_reasoning))
+                    post(
+                        TokensStreamed(
+                            text, n_tokens, t_first, t_last, reasoning, n_reasoning, tuple(meter.samples)
+                        )
+                    )
             elif isinstance(event, TurnFailed):
                 failed = event.reason
     except Exception as exc:  # record() already tried to mark the reply interrupted

@@ -91,6 +91,9 @@ class TokensStreamed(Message):
     t_last: float
     reasoning: str = ""  # the reasoning so far
     n_reasoning: int = 0  # of n_tokens, the reasoning's
+    # the decode-rate samples so far, measured by the worker over every token: the same for the
+    # same tokens however many of these messages the UI's queue coalesced
+    samples: tuple[float, ...] = ()
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, TokensStreamed)

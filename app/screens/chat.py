@@ -296,6 +296,7 @@ class ChatScreen(SessionActions, Screen[None]):
                 self.app.turn_kwargs,
                 rewind=rewind,
                 reasoning=self._reasoning(),
+                paced=self.app.pace_stream,
             )
         )
 
@@ -345,7 +346,12 @@ class ChatScreen(SessionActions, Screen[None]):
         if self._reply is not None:
             await self._reply.stream_text(msg.text, msg.reasoning)
         self.query_one(LivePanel).tokens(
-            msg.n_tokens, msg.t_first, msg.t_last, n_reasoning=msg.n_reasoning, answering=bool(msg.text)
+            msg.n_tokens,
+            msg.t_first,
+            msg.t_last,
+            n_reasoning=msg.n_reasoning,
+            answering=bool(msg.text),
+            samples=msg.samples,
         )
 
     def on_engine_notice(self, msg: EngineNotice) -> None:

@@ -46,6 +46,7 @@ def fake_app(
         memory_probe=lambda: (300 << 20, None),
         memory_interval=None,
         cursor_blink=False,
+        pace_stream=False,
         **kwargs,
     )
     return app, factory

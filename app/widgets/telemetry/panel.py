@@ -154,19 +154,29 @@ class LivePanel(Vertical):
         )
 
     def tokens(
-        self, n_tokens: int, t_first: float, t_last: float, *, n_reasoning: int = 0, answering: bool = False
+        self,
+        n_tokens: int,
+        t_first: float,
+        t_last: float,
+        *,
+        n_reasoning: int = 0,
+        answering: bool = False,
+        samples: tuple[float, ...] | None = None,
     ) -> None:
         """The reply so far: `n_tokens` sampled, `n_reasoning` of them reasoning; `answering`:
-        answer text has appeared."""
+        answer text has appeared; `samples`: the rate samples the worker measured over every
+        token (else the panel samples the updates it gets, which depend on the UI's pace)."""
         self.query_one("#panel-prefill").display = False
         if self.ttft is None and self.sent_at is not None:
             self.ttft = max(0.0, self.clock() - self.sent_at)
         self.n_reasoning = n_reasoning
         if answering and self.first_answer is None and self.sent_at is not None:
             self.first_answer = max(0.0, self.clock() - self.sent_at)
-        before = len(self.meter.samples)
+        before = list(self.meter.samples)
         self.meter.update(n_tokens, t_first, t_last)
-        if len(self.meter.samples) != before:
+        if samples is not None:
+            self.meter.samples[:] = samples[-self.meter.history :]
+        if self.meter.samples != before:
             self.query_one("#panel-spark", Sparkline).data = list(self.meter.samples)
         self._render_decode()
 
