@@ -4,7 +4,8 @@
 #   .device/llcpp.tar.xz        the llama-cpp-python sdist, trimmed to what its CMake build reads
 #                               (no git history, docs, models, tests, examples, tools but mtmd, or
 #                               ggml backends other than CPU and CUDA)
-#   .device/whl/*.whl           the Python packages the device image lacks (platformdirs, diskcache),
+#   .device/whl/*.whl           the Python packages the device image lacks (platformdirs, diskcache,
+#                               gguf: tests/support imports it),
 #                               as wheels for its Python (3.12), at the versions of this .venv
 #   .device/tiny-qwen4exp.gguf  the tiny hybrid qwen4exp model the GPU tests and bench run on
 #                               (tests/support/tiny_qwen4exp.py; its tokenizer is SmolLM2's, from
@@ -30,7 +31,7 @@ log() { printf 'prepare_device: %s\n' "$*" >&2; }
 
 # -- wheels -------------------------------------------------------------------------------------
 mkdir -p "$work/whl"
-for name in platformdirs diskcache; do
+for name in platformdirs diskcache gguf; do
   version=$("$py" -c "import importlib.metadata as m; print(m.version('$name'))")
   "$py" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$DEVICE_PYTHON" \
     --implementation cp --platform manylinux2014_x86_64 --dest "$work/whl" "$name==$version"

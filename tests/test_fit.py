@@ -52,13 +52,18 @@ def model_path(request) -> Path:
 
 def _measure(model_path: Path, profile) -> llama_buffers.Buffers:
     """Load the model and make a context, keeping the buffer sizes llama.cpp logs."""
+    return _measure_with_mode(model_path, profile)[0]
+
+
+def _measure_with_mode(model_path: Path, profile) -> tuple[llama_buffers.Buffers, str]:
+    """The buffer sizes, and the PLE gather the load took ("gpu" or "stock")."""
     with llama_buffers.captured() as got:
         model = LlamaModel(model_path, profile.model)
         try:
             LlamaContext(model, profile.context, n_gpu_layers=profile.model.n_gpu_layers).close()
         finally:
             model.close()
-    return got
+    return got, model.ple_mode
 
 
 @pytest.mark.parametrize(
@@ -84,20 +89,38 @@ def test_each_term_is_within_ten_percent_of_what_llama_cpp_allocates(model_path:
         assert any(llama_buffers.Comparison("ple", "CPU", ple.bytes, n).close for n in got.sizes("model"))
 
 
+GPU_CASES = {
+    "smol": ("smol", "auto", {}),
+    "qwen-stock": ("qwen", "stock", {}),
+    "qwen-gpu-gather": ("qwen", "gpu", {}),
+    "qwen-long-nofa": ("qwen", "auto", {"n_ctx": 8192, "n_ubatch": 512, "n_batch": 512, "flash_attn": "off"}),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("model_path", ["smol", "qwen"], indirect=True)
-def test_on_the_gpu_each_term_is_within_ten_percent(model_path: Path):
-    """On the GPU machine: every layer offloaded; the GPU's buffers against the estimate."""
+@pytest.mark.parametrize(
+    ("model_path", "ple_gather", "context"),
+    list(GPU_CASES.values()),
+    ids=list(GPU_CASES),
+    indirect=["model_path"],
+)
+def test_on_the_gpu_each_term_is_within_ten_percent(model_path: Path, ple_gather: str, context: dict):
+    """On the GPU machine: every layer offloaded; the GPU's buffers and the host ones (pinned
+    CUDA_Host) against the estimate, with llama.cpp's CPU PLE gather and with the GPU one."""
     gpu = machine.probe()
     if not gpu.gpu_offload or os.environ.get("VELO_TEST_GPU_LAYERS") != "-1":
         pytest.skip("needs a GPU build and VELO_TEST_GPU_LAYERS=-1")
-    profile = test_profile(model_path, model={"n_gpu_layers": -1})
+    profile = test_profile(model_path, model={"n_gpu_layers": -1, "ple_gather": ple_gather}, context=context)
+    facts = read_facts(model_path)
+    ple_gpu = report.ple_gather_on_gpu(profile, facts, gpu)
+    got, mode = _measure_with_mode(model_path, profile)
+    assert ple_gpu == (mode == "gpu")  # the estimate foresaw the load's PLE path
     integrated = gpu.gpu is not None and gpu.gpu.integrated
-    terms = estimate.estimate(profile, read_facts(model_path), gpu_offload=True, integrated_gpu=integrated)
-    compared = llama_buffers.compare(terms, _measure(model_path, profile))
+    terms = estimate.estimate(profile, facts, gpu_offload=True, integrated_gpu=integrated, ple_gpu=ple_gpu)
+    compared = llama_buffers.compare(terms, got)
     assert any(c.device == "GPU" for c in compared)
     off = [c.describe() for c in compared if not c.close]
-    assert not off, off
+    assert not off, (mode, off, got.lines)
 
 
 def test_the_hybrid_model_keeps_a_kv_cache_for_its_attention_layers_only(qwen_path: Path):

@@ -140,11 +140,15 @@ def estimate(
     *,
     gpu_offload: bool = False,
     integrated_gpu: bool = False,
+    ple_gpu: bool = False,
 ) -> list[Term]:
     """Every term of the memory the profile needs. `gpu_offload`: the llama.cpp build can put
     layers on a GPU; `integrated_gpu`: that GPU allocates from system RAM (its terms still say
-    GPU; the report compares them with MemAvailable)."""
+    GPU; the report compares them with MemAvailable); `ple_gpu`: the PLE rows are gathered on the
+    GPU (`model.ple_gather` resolved to "gpu", engine/ple_provider.py), which puts the
+    token-embedding table on the GPU too."""
     place = Placement.of(facts.n_layer, profile.model.n_gpu_layers, gpu_offload)
+    ple_gpu = ple_gpu and place.any_gpu
     lazy = ple_lazy(profile, facts, integrated_gpu and place.any_gpu)
     terms: list[Term] = []
     ctx = profile.context
@@ -155,13 +159,15 @@ def estimate(
     gpu_layers = [il for il in range(facts.n_layer) if place.on_gpu(il)]
     cpu_layers = [il for il in range(facts.n_layer) if not place.on_gpu(il)]
     out_gpu = place.on_gpu(facts.n_layer)
-    cpu_w = facts.input_bytes + sum(facts.layer_bytes[il] for il in cpu_layers)
+    embd_gpu = facts.token_embd_bytes if ple_gpu else 0  # the GPU gather's tensor override
+    cpu_w = facts.input_bytes - embd_gpu + sum(facts.layer_bytes[il] for il in cpu_layers)
     cpu_w += 0 if out_gpu else facts.output_bytes
     how = "mmap, must stay in the page cache" if profile.model.use_mmap else "read into RAM"
+    inputs = " + input" if facts.input_bytes > embd_gpu else ""
     terms.append(
         Term(
             "weights_cpu",
-            f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'} + input)",
+            f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'}{inputs})",
             cpu_w,
             RAM,
             f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s); {how}",
@@ -170,15 +176,18 @@ def estimate(
     if place.any_gpu:
         gpu_w = sum(facts.layer_bytes[il] for il in gpu_layers) + (facts.output_bytes if out_gpu else 0)
         tied = out_gpu and facts.tied_output
-        gpu_w += facts.token_embd_bytes if tied else 0
+        gpu_w += (facts.token_embd_bytes if tied else 0) + embd_gpu
         terms.append(
             Term(
                 "weights_gpu",
-                f"weights on the GPU ({len(gpu_layers)} layers{' + output' if out_gpu else ''})",
+                f"weights on the GPU ({len(gpu_layers)} layers{' + output' if out_gpu else ''}"
+                f"{' + token_embd' if embd_gpu else ''})",
                 gpu_w,
                 GPU,
                 f"n_gpu_layers {profile.model.n_gpu_layers}: layers {gpu_layers[0] if gpu_layers else '-'}"
-                f"..{facts.n_layer - 1}" + (" (+ token_embd again: tied output head)" if tied else ""),
+                f"..{facts.n_layer - 1}"
+                + (" (+ token_embd again: tied output head)" if tied else "")
+                + (" (+ token_embd: moved there for the GPU PLE gather)" if embd_gpu else ""),
             )
         )
     if facts.ple_bytes:

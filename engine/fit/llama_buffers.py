@@ -33,8 +33,10 @@ class Buffers:
     """Bytes per kind ("model", "KV", "RS", "output", "compute"), each buffer as logged."""
 
     lines: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, buffer type, bytes)
+    log: list[str] = field(default_factory=list)  # every line llama.cpp logged meanwhile
 
     def feed(self, message: str) -> None:
+        self.log.append(message)
         m = LINE.match(message.strip())
         if m:
             self.lines.append((m["kind"], m["buffer"], round(float(m["mib"]) * MIB)))
@@ -56,15 +58,17 @@ class _Handler(logging.Handler):
 
 
 @contextlib.contextmanager
-def captured() -> Iterator[Buffers]:
-    """Collect the buffer sizes llama.cpp logs while the block runs (a load, a context)."""
+def captured(level: int = logging.INFO) -> Iterator[Buffers]:
+    """Collect the buffer sizes llama.cpp logs while the block runs (a load, a context), and
+    every line it logs at `level` or above (DEBUG: GGML_SCHED_DEBUG's split assignment too)."""
     buffers = Buffers()
     handler = _Handler(buffers)
+    handler.setLevel(level)
     logger = llama_log.logger
     old_level = logger.level
     logger.addHandler(handler)
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
     try:
         yield buffers
     finally:

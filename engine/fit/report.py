@@ -175,25 +175,39 @@ class DoesNotFit(ValueError):
         )
 
 
-def _report(profile: Profile, facts: ModelFacts, machine: Machine) -> FitReport:
+def _report(profile: Profile, facts: ModelFacts, machine: Machine, ple_gpu: bool) -> FitReport:
     gpu = machine.gpu
     terms = estimate(
         profile,
         facts,
         gpu_offload=machine.gpu_offload,
         integrated_gpu=gpu is not None and gpu.integrated,
+        ple_gpu=ple_gpu,
     )
     return FitReport(profile.name, facts, tuple(terms), machine)
+
+
+def ple_gather_on_gpu(profile: Profile, facts: ModelFacts, machine: Machine) -> bool:
+    """Whether the load will take the GPU PLE gather (engine/ple_provider.py decides it the same
+    way before the load), which moves the token-embedding table to the GPU."""
+    m = profile.model
+    if not (facts.ple_bytes and machine.gpu_offload and m.n_gpu_layers != 0 and m.ple_gather != "stock"):
+        return False
+    from .. import gguf_file, ple_provider
+
+    # "auto" for "gpu" too: the same decision, without the warning the load itself logs
+    return ple_provider.plan("auto", gguf_file.read_header(facts.path), m.n_gpu_layers).mode == "gpu"
 
 
 def check(profile: Profile, model_path: Path, machine: Machine) -> FitReport:
     """The fit report for `profile` loading `model_path` on `machine` (raises `GGUFError` for a
     missing or bad shard). When it does not fit, the report names what would make it fit."""
     facts = read_facts(model_path)
-    report = _report(profile, facts, machine)
+    ple_gpu = ple_gather_on_gpu(profile, facts, machine)
+    report = _report(profile, facts, machine, ple_gpu)
     if report.fits:
         return report
-    return dataclasses.replace(report, suggestions=tuple(_suggest(profile, facts, machine)))
+    return dataclasses.replace(report, suggestions=tuple(_suggest(profile, facts, machine, ple_gpu)))
 
 
 def _with(profile: Profile, section: str, **changes: object) -> Profile:
@@ -215,12 +229,12 @@ def _largest(lo: int, hi: int, step: int, ok: Callable[[int], bool]) -> int | No
     return best
 
 
-def _suggest(profile: Profile, facts: ModelFacts, machine: Machine) -> list[str]:
+def _suggest(profile: Profile, facts: ModelFacts, machine: Machine, ple_gpu: bool) -> list[str]:
     """Up to two single-setting changes, each enough on its own, cheapest in quality first."""
     found: list[str] = []
 
     def fits(p: Profile) -> bool:
-        return _report(p, facts, machine).fits
+        return _report(p, facts, machine, ple_gpu).fits
 
     if facts.ple_bytes and profile.model.lazy_ple != "on" and fits(_with(profile, "model", lazy_ple="on")):
         found.append('model.lazy_ple = "on"')
