@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU PLE gather on the device machine (H200): a patched CUDA build, the GPU tests, and decode
-# with llama.cpp's CPU gather (stock, at each thread count) against the provider, in one call.
+# with llama.cpp's CPU gather (stock) against the provider, on the tiny model and on one with the
+# real PLE geometry, in one call. `velo-chat bench --profile ple-stock|ple-gpu` is in device_engine_check.sh.
 #
 #   bash benchmarks/device_ple.sh        (run from the repo root; carry: .device)
 #
@@ -27,42 +28,36 @@ timeout 170 python3 -m pytest -q -p no:cacheprovider -p no:randomly tests/test_p
 VELO_TEST_GPU_LAYERS=-1 timeout 90 python3 -m pytest -q -p no:cacheprovider -p no:randomly \
   tests/test_resume.py -k "qwen4exp or hybrid or interval" 2>&1 | tee -a "$out/tests.log" | tail -4
 
-mkdir -p "$VELO_CHAT_HOME/config/profiles"
-for mode in stock gpu; do
-  printf '[model]\nn_gpu_layers = -1\nple_gather = "%s"\n[context]\nn_ctx = 4096\nflash_attn = "on"\n' \
-    "$mode" > "$VELO_CHAT_HOME/config/profiles/ple-$mode.toml"
-done
-n=$(nproc)
-bench() {  # name, args...
-  local name=$1; shift
-  timeout 100 python3 -m velo_chat.app.cli bench --model "$VELO_TEST_QWEN" --json --no-resume \
-    --prefill-sizes 512 --decode-tokens 512 --repeats 3 "$@" > "$out/bench_$name.json" \
-    2> "$out/bench_$name.err" || { echo "bench $name failed"; tail -5 "$out/bench_$name.err"; }
+# Around each llama_decode (no sampling, no engine turn): stock, the provider with decode gathers
+# launched from C ("gpu") and with every gather through the Python callback ("gpu-python"),
+# with and without CUDA graphs (read at CUDA start-up, so one process each).
+decode() {  # tag, model, mode, extra args...
+  local tag=$1 model=$2 mode=$3; shift 3
+  timeout 120 python3 benchmarks/ple_decode.py --model "$model" --mode "$mode" --threads 1 "$@" \
+    2> >(sed "s/^/$tag: /" >> "$out/decode.err") | tee -a "$out/decode.jsonl" | sed "s/^/$tag /"
 }
-bench stock --profile ple-stock --threads "1,2,4,$n"
-bench gpu --profile ple-gpu --threads "1,2"
-# Around each llama_decode (no sampling, no engine turn): stock and provider, with and without
-# CUDA graphs (read at CUDA start-up, so one process each).
-for g in 0 1; do
-  for mode in stock gpu; do
-    envs=(); [ $g = 1 ] && envs=(GGML_CUDA_DISABLE_GRAPHS=1)
-    env "${envs[@]}" timeout 60 python3 benchmarks/ple_decode.py \
-      --model "$VELO_TEST_QWEN" --mode $mode --tokens 512 --threads 1 2> "$out/decode_${mode}_g$g.err" \
-      | tee "$out/decode_${mode}_g$g.json" | sed "s/^/no-graphs=$g /"
-  done
+for mode in stock gpu gpu-python; do decode "${mode}_g0" "$VELO_TEST_QWEN" $mode --tokens 512; done
+for mode in stock gpu; do GGML_CUDA_DISABLE_GRAPHS=1 decode "${mode}_g1" "$VELO_TEST_QWEN" $mode --tokens 512; done
+# What splits a decode step: the scheduler's own listing of splits and node backends.
+for mode in stock gpu; do
+  GGML_SCHED_DEBUG=2 timeout 60 python3 benchmarks/ple_decode.py --model "$VELO_TEST_QWEN" \
+    --mode $mode --tokens 3 --prefill 8 --debug-log /tmp/sched_$mode.log > /dev/null 2>&1
+  { echo "== $mode"; grep -E "SPLIT|node #" /tmp/sched_$mode.log | tail -400; } >> "$out/sched.txt"
 done
+# The real PLE geometry (160-value IQ4_NL rows, 16 heads, a 4 GiB table in host memory).
+if [ "${BIG:-1}" = 1 ]; then
+  timeout 150 python3 benchmarks/ple_big_model.py /tmp/ple-big.gguf --tokenizer "$VELO_TEST_QWEN" \
+    --table-gib "${BIG_GIB:-4}" 2>&1 | tail -2
+  for mode in stock gpu gpu-python; do
+    decode "big_$mode" /tmp/ple-big.gguf $mode --tokens 256 --prefill 2048
+  done
+fi
+
 python3 - "$out" <<'PY'
 import json, sys, pathlib
-for path in sorted(pathlib.Path(sys.argv[1]).glob("bench_*.json")):
-    try:
-        d = json.loads(path.read_text())
-    except ValueError:
-        print(path.name, "no JSON"); continue
-    x = d["decode"]
-    print(f"== {path.stem}: ple {d['sections'].get('ple')}")
-    print(f"   decode {x['tok_s']} tok/s runs {x.get('tok_s_runs')} graphs {x['graphs_reused']}"
-          f" overhead {x.get('overhead')}; prefill {d['prefill'][0]['tok_s']} tok/s; {d['threads']['plan']}")
-    t = d["sections"].get("threads")
-    if t:
-        print("   fixed threads:", [(r["decode_threads"], r["tok_s"]) for r in t["fixed"]])
+for line in (pathlib.Path(sys.argv[1]) / "decode.jsonl").read_text().splitlines():
+    d = json.loads(line)
+    print(f"{d['mode']:11} {d['tok_s']:8} tok/s  median {d['step_us_median']} us  splits {d['splits_pp_tg']}"
+          f"  reused {d['graphs_reused']}  prefill {d['prefill_tokens']} in {d['prefill_s']} s"
+          f"  py-calls {d.get('python_calls')} gathers {d.get('gathers')} cb {d.get('callback_us_mean')} us")
 PY

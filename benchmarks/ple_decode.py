@@ -1,13 +1,16 @@
 """Decode speed of a qwen4exp model with llama.cpp's CPU PLE gather ("stock") or the GPU
-provider ("gpu"), every layer on the GPU, measured around each llama_decode call.
+provider ("gpu": decode gathers launched from C; "gpu-python": every gather through the Python
+callback), every layer on the GPU, measured around each llama_decode call.
 
     python benchmarks/ple_decode.py --model M.gguf --mode gpu [--tokens 512] [--threads 1]
 
 Prints one JSON object: decode tok/s (tokens / summed llama_decode time), the median and 90th
 percentile microseconds of one step, graphs reused, the graph splits of a decode step (from
-llama.cpp's log when the context is made), a 512-token prefill's seconds, and for the provider
-the mean microseconds spent in its callback. Run it once per process and mode: CUDA reads
-`GGML_CUDA_DISABLE_GRAPHS` at start-up.
+llama.cpp's log when the context is made), the seconds of a prefill (`--prefill`, 512 tokens),
+and for the provider the mean microseconds of a Python callback and how many gathers ran. Run
+it once per process and mode: CUDA reads `GGML_CUDA_DISABLE_GRAPHS` at start-up.
+`--debug-log FILE` writes llama.cpp's debug lines there (with `GGML_SCHED_DEBUG=2`: every graph
+split and the backend of each node, which shows what splits a decode step).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from velo_chat.engine import ple_provider
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.engine.llama_context import LlamaContext
 from velo_chat.engine.llama_model import LlamaModel
@@ -41,19 +45,28 @@ class _Lines(logging.Handler):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, type=Path)
-    ap.add_argument("--mode", choices=("stock", "gpu"), required=True)
+    ap.add_argument("--mode", choices=("stock", "gpu", "gpu-python"), required=True)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prefill", type=int, default=512, help="tokens of the timed prefill")
+    ap.add_argument("--debug-log", type=Path, help="write llama.cpp's debug lines to this file")
     args = ap.parse_args()
+    if args.debug_log:
+        debug = logging.FileHandler(args.debug_log, mode="w")
+        debug.setLevel(logging.DEBUG)
+        logging.getLogger("velo_chat.llama").addHandler(debug)
+        logging.getLogger("velo_chat.llama").setLevel(logging.DEBUG)
     lines = _Lines()
+    mode = "gpu" if args.mode == "gpu-python" else args.mode
+    ple_provider.PleProvider.NATIVE = args.mode != "gpu-python"
     logging.getLogger("velo_chat").addHandler(lines)
     logging.getLogger("velo_chat").setLevel(logging.INFO)
     profile = build_profile(
         "ple-decode",
         {
-            "model": {"path": str(args.model), "n_gpu_layers": -1, "ple_gather": args.mode},
+            "model": {"path": str(args.model), "n_gpu_layers": -1, "ple_gather": mode},
             "context": {
-                "n_ctx": 4096,
+                "n_ctx": max(4096, args.prefill + 64),
                 "n_batch": 512,
                 "n_ubatch": 512,
                 "n_threads": args.threads,
@@ -68,7 +81,7 @@ def main() -> None:
     found = [m for m in (SPLITS.search(x) for x in lines.lines) if m]
     splits = [int(found[-1].group(1)), int(found[-1].group(2) or found[-1].group(1))] if found else None
     rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(100, 8000, size=512)]
+    prompt = [int(t) for t in rng.integers(100, 8000, size=args.prefill)]
     t0 = time.perf_counter()
     ctx.decode(prompt)
     ctx.synchronize()
@@ -77,6 +90,7 @@ def main() -> None:
     ctx.decode(prompt[:64])
     busy0 = model.ple.busy_s if model.ple else 0.0
     calls0 = model.ple.calls if model.ple else 0
+    launches0 = model.ple.launches if model.ple else 0
     steps = []
     tok = 1000
     for _ in range(args.tokens):
@@ -87,7 +101,7 @@ def main() -> None:
         tok = 100 + (tok * 7919) % 7900  # a fixed token stream: no sampling in the timing
     ple = model.ple
     out = {
-        "mode": model.ple_mode,
+        "mode": args.mode if model.ple_mode == "gpu" else model.ple_mode,
         "reason": model.ple_reason,
         "threads": args.threads,
         "tokens": args.tokens,
@@ -96,11 +110,14 @@ def main() -> None:
         "step_us_p90": round(sorted(steps)[int(0.9 * len(steps))] * 1e6, 1),
         "graphs_reused": ctx.perf().n_reused,
         "splits_pp_tg": splits,
-        "prefill_512_s": round(prefill_s, 4),
+        "prefill_tokens": args.prefill,
+        "prefill_s": round(prefill_s, 4),
     }
     if ple is not None:
         n = ple.calls - calls0
         out["callback_us_mean"] = round((ple.busy_s - busy0) / max(n, 1) * 1e6, 1)
+        out["python_calls"] = n
+        out["gathers"] = ple.launches - launches0
         out["unordered_calls"] = ple.unordered_calls
     print(json.dumps(out))
     ctx.close()

@@ -6,8 +6,10 @@ dequantize on llama.cpp's CUDA stream and returns. The token-embedding table goe
 a tensor override, so the decode step loses its CPU split for the input embeddings (docs/ple.md).
 
 `plan()` decides before the load whether the model runs this way (`ple_gather` in the profile),
-`PleProvider` registers the callback on a loaded model. Anything that fails says why in one log
-line, and the model runs llama.cpp's stock CPU gather.
+`PleProvider` registers the callback on a loaded model. Decode-sized gathers run in C: the patch's
+`ggml_backend_cuda_ple_launch` launches our compiled kernel itself (`NativeLauncher`), so a decode
+step calls no Python; larger gathers (prefill) call back into `PleProvider._gather`. Anything
+that fails says why in one log line, and the model runs llama.cpp's stock CPU gather.
 """
 
 from __future__ import annotations
@@ -52,6 +54,37 @@ class PleGatherArgs(ctypes.Structure):
 PROVIDER_FN = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.POINTER(PleGatherArgs), ctypes.c_void_p)
 
 
+class NativeLauncher(ctypes.Structure):
+    """`struct ggml_cuda_ple_launcher` of the patch's ggml-cuda/ple-launch.cuh: the state of the
+    C provider, filled once here and read and updated by ggml-cuda on every decode step."""
+
+    _fields_ = [
+        ("func", ctypes.c_void_p),
+        ("table", ctypes.c_void_p),
+        ("n_table_rows", ctypes.c_int64),
+        ("row_bytes", ctypes.c_int64),
+        ("row_dim", ctypes.c_int32),
+        ("type", ctypes.c_int32),
+        ("rows", ctypes.c_void_p),
+        ("capacity", ctypes.c_int64),
+        ("err", ctypes.c_void_p),
+        ("done", ctypes.c_void_p),
+        ("block", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("bad_index", ctypes.c_int64),
+        ("bad_row", ctypes.c_int64),
+        ("launches", ctypes.c_int64),
+        ("fallbacks", ctypes.c_int64),
+        ("status", ctypes.c_int32),
+        ("pad", ctypes.c_int32),
+        ("fallback", PROVIDER_FN),
+        ("fallback_ud", ctypes.c_void_p),
+    ]
+
+
+NATIVE_STATUS = {1: "cudaEventSynchronize", 2: "cuLaunchKernel", 3: "cudaEventRecord"}
+
+
 class BuftOverride(ctypes.Structure):
     """`struct llama_model_tensor_buft_override` (llama-cpp-python leaves the field untyped)."""
 
@@ -87,7 +120,22 @@ def _ggml() -> ctypes.CDLL:
     g.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
     g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
     g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    g.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    g.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
     return g
+
+
+def native_launch_address() -> int | None:
+    """The address of the patch's C provider `ggml_backend_cuda_ple_launch`, or None (no CUDA
+    backend, or a build from before it existed)."""
+    try:
+        g = _ggml()
+    except OSError:
+        return None
+    reg = g.ggml_backend_reg_by_name(b"CUDA")
+    if not reg:
+        return None
+    return g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_cuda_ple_launch") or None
 
 
 def cuda_buffer_type() -> int | None:
@@ -174,13 +222,15 @@ class PleProvider:
     """
 
     MAX_PREPARED = 8
+    NATIVE_CAPACITY = 4096  # row ids per C-side gather (pinned int32); larger ones call back
+    NATIVE = True  # decode gathers in C when the build has it (False: every gather calls Python)
 
-    def __init__(self, model_path: Path, model_ptr: Any) -> None:
+    def __init__(self, model_path: Path, model_ptr: Any, native: bool | None = None) -> None:
         from ..kernels.ple_table import PleTable
 
         self.table = PleTable.open(model_path)
         self._warm_up()
-        self.error: str | None = None
+        self._error: str | None = None
         self.calls = 0
         self.busy_s = 0.0  # time spent in the callback (its Python and launch overhead)
         self.unordered_calls = 0  # calls without a stream from llama.cpp (each synchronizes)
@@ -189,7 +239,72 @@ class PleProvider:
         self._set = provider_symbol()
         self._model = model_ptr
         self._cb = PROVIDER_FN(self._gather)
-        self._set(model_ptr, self._cb, None)
+        self.native: NativeLauncher | None = None
+        self.native_reason = "off (native = False)"
+        self._native_keep: tuple[Any, ...] = ()
+        if self.NATIVE if native is None else native:
+            self.native_reason = self._native_setup()
+        if self.native is not None:
+            self._set(model_ptr, PROVIDER_FN(self._native_fn), ctypes.addressof(self.native))
+        else:
+            self._set(model_ptr, self._cb, None)
+
+    def _native_setup(self) -> str:
+        """Fill the C provider's state; returns why it is used or not (for the log and doctor)."""
+        addr = native_launch_address()
+        if addr is None:
+            return "this build has no ggml_backend_cuda_ple_launch"
+        t = self.table
+        if t.mode == "staged":
+            return "the table is staged (no device-readable address)"
+        import cupy
+        import cupyx
+
+        from ..kernels.cuda_kernels import BLOCK, ggml_type_id, kernel
+
+        cap = self.NATIVE_CAPACITY
+        if t.mode == "registered" and t.stage_above_rows is not None:
+            cap = min(cap, t.stage_above_rows)  # larger gathers over PCIe are staged in Python
+        with t._device:
+            rows = cupyx.empty_pinned(cap, dtype=np.int32)
+            err = cupy.zeros(3, dtype=np.int32)
+            done = cupy.cuda.Event(disable_timing=True)
+            func = int(kernel("ple_gather_dequant").kernel.ptr)
+            device = cupy.cuda.Device().id
+        n = NativeLauncher()
+        n.func, n.table, n.n_table_rows = func, t.device_ptr, t.n_rows
+        n.row_bytes, n.row_dim, n.type = t.row_bytes, t.row_dim, ggml_type_id(t.ggml_type)
+        n.rows, n.capacity, n.err, n.done = rows.ctypes.data, cap, int(err.data.ptr), int(done.ptr)
+        n.block, n.device, n.bad_index, n.bad_row = BLOCK, device, -1, 0
+        n.fallback, n.fallback_ud = self._cb, None
+        self._native_fn = addr
+        self._native_keep = (rows, err, done)
+        self.native = n
+        return f"C launch for gathers up to {cap} rows"
+
+    @property
+    def error(self) -> str | None:
+        """The first failure since the last `take_error` (checked by the engine after each decode)."""
+        n = self.native
+        if self._error is None and n is not None and (n.bad_index >= 0 or n.status):
+            if n.bad_index >= 0:
+                self._error = (
+                    f"PLE gather failed: row index {n.bad_row} outside the table of {n.n_table_rows} rows"
+                )
+            else:
+                self._error = f"PLE gather failed: {NATIVE_STATUS.get(n.status, n.status)} failed"
+            n.bad_index, n.status = -1, 0
+            log.error("%s", self._error)
+        return self._error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self._error = value
+
+    @property
+    def launches(self) -> int:
+        """Gathers done so far: Python calls plus C launches."""
+        return self.calls + (self.native.launches if self.native is not None else 0)
 
     def _warm_up(self) -> None:
         """One gather now, so the kernel is compiled and loaded before the first prefill."""
@@ -201,10 +316,13 @@ class PleProvider:
 
     def describe(self) -> str:
         t = self.table
-        return f"{t.loc.type_name} table {t.n_rows} rows x {t.row_dim}, {t.mode} ({t.mode_reason})"
+        return (
+            f"{t.loc.type_name} table {t.n_rows} rows x {t.row_dim}, {t.mode} ({t.mode_reason}); "
+            f"decode gathers: {self.native_reason}"
+        )
 
     def take_error(self) -> str | None:
-        err, self.error = self.error, None
+        err, self._error = self.error, None
         return err
 
     def _stream(self, handle: int) -> Any:
@@ -238,9 +356,9 @@ class PleProvider:
                 self.unordered_calls += 1
                 stream.synchronize()  # no stream from llama.cpp: finish before returning
         except Exception as exc:  # noqa: BLE001 - never raise into C
-            if self.error is None:
-                self.error = f"PLE gather failed: {exc}"
-                log.error("%s", self.error)
+            if self._error is None:
+                self._error = f"PLE gather failed: {exc}"
+                log.error("%s", self._error)
             try:
                 import cupy
 
@@ -298,4 +416,8 @@ class PleProvider:
         for _idx, _launch, done, _err in self._prepared.values():
             done.synchronize()
         self._prepared.clear()
+        if self._native_keep:
+            self._native_keep[2].synchronize()  # the last C launch has read its row buffer
+            self._native_keep = ()
+            self.native = None
         self.table.close()

@@ -10,7 +10,9 @@ table type, after a 64- and a 512-token prefill and over single-token decode; de
 reused; a decode step has one graph split fewer with the provider (the CPU split of the input
 embeddings is gone); a provider that reads one row off
 changes the logits (so the comparison can fail), and one that reads outside the table fails the
-decode with an error instead of aborting or hanging.
+decode with an error instead of aborting or hanging. Each of these holds for both halves of the
+provider: the Python callback (prefill-sized gathers) and the C launch the patch adds
+(decode-sized gathers), which is checked to have done every decode step.
 """
 
 from __future__ import annotations
@@ -166,17 +168,17 @@ def ple_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 class _Run:
-    def __init__(self, tokens, logits, reused, splits, provider_calls) -> None:
-        self.tokens, self.logits, self.reused = tokens, logits, reused
-        self.splits, self.provider_calls = splits, provider_calls
+    def __init__(self, tokens, logits, last_logits, reused, splits, gathers, python_calls) -> None:
+        self.tokens, self.logits, self.last_logits, self.reused = tokens, logits, last_logits, reused
+        self.splits, self.gathers, self.python_calls = splits, gathers, python_calls
 
 
 SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
 
 
-def _run(path: Path, mode: str, n_prompt: int, n_new: int, caplog, rows=None) -> _Run:
+def _run(path: Path, mode: str, n_prompt: int, n_new: int, caplog, plant=None) -> _Run:
     """Prefill `n_prompt` random tokens in one ubatch, then `n_new` greedy single-token steps,
-    every layer on the GPU. `rows`: replaces the provider's row ids (a planted bug)."""
+    every layer on the GPU. `plant(provider)`: a bug planted in the loaded provider."""
     profile = test_profile(
         path,
         model={"n_gpu_layers": -1, "ple_gather": mode},
@@ -185,8 +187,8 @@ def _run(path: Path, mode: str, n_prompt: int, n_new: int, caplog, rows=None) ->
     model = LlamaModel(path, profile.model)
     try:
         assert model.ple_mode == mode, model.ple_reason
-        if rows is not None:
-            model.ple._rows = rows.__get__(model.ple)
+        if plant is not None:
+            plant(model.ple)
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="velo_chat.llama"):
             ctx = LlamaContext(model, profile.context, n_gpu_layers=-1)
@@ -205,10 +207,13 @@ def _run(path: Path, mode: str, n_prompt: int, n_new: int, caplog, rows=None) ->
                 tokens.append(int(np.argmax(lg)))
                 ctx.decode([tokens[-1]])
             ctx.synchronize()
+            last = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx.ctx, -1), shape=(model.n_vocab,)).copy()
             reused = ctx.perf().n_reused
         finally:
             ctx.close()
-        return _Run(tokens, logits, reused, splits_tg, model.ple.calls if model.ple else 0)
+        ple = model.ple
+        gathers, calls = (ple.launches, ple.calls) if ple else (0, 0)
+        return _Run(tokens, logits, last, reused, splits_tg, gathers, calls)
     finally:
         model.close()
 
@@ -222,10 +227,13 @@ def test_provider_matches_stock(ple_models, ple_type: str, n_prompt: int, caplog
     n_new = 48
     stock = _run(ple_models[ple_type], "stock", n_prompt, n_new, caplog)
     gpu_run = _run(ple_models[ple_type], "gpu", n_prompt, n_new, caplog)
-    assert gpu_run.provider_calls == 1 + n_new  # one prefill ubatch, then one per token
+    assert gpu_run.gathers == 1 + n_new  # one prefill ubatch, then one per token
+    if ple_provider.native_launch_address() is not None:
+        assert gpu_run.python_calls == 1  # the prefill; every decode step launched from C
     assert gpu_run.tokens == stock.tokens
     assert len(set(stock.tokens)) > 3
     np.testing.assert_allclose(gpu_run.logits, stock.logits, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(gpu_run.last_logits, stock.last_logits, rtol=0, atol=1e-4)
     # the CPU split of the token embedding and PLE rows is gone (the tiny model's other ops still
     # split its decode graph: 10 splits stock, 9 with the provider on the H200)
     assert gpu_run.splits == stock.splits - 1
@@ -243,8 +251,26 @@ def test_planted_off_by_one_row_is_caught(ple_models, caplog) -> None:
     def off_by_one(self, a):
         return (ple_provider.PleProvider._rows(self, a) + 1) % self.table.n_rows
 
-    bad = _run(path, "gpu", 64, 4, caplog, rows=off_by_one)
+    bad = _run(path, "gpu", 64, 4, caplog, plant=lambda p: setattr(p, "_rows", off_by_one.__get__(p)))
     assert np.abs(bad.logits - stock.logits).max() > 1e-3
+
+
+@pytest.mark.gpu
+def test_planted_off_by_one_row_in_the_c_launch_is_caught(ple_models, caplog) -> None:
+    """The same for decode steps launched from C: its table address one row on (and one row
+    fewer, so the shifted table stays inside the mapping) changes the decode logits."""
+    if not _gpu_ready() or ple_provider.native_launch_address() is None:
+        pytest.skip("needs a CUDA build with the C launch, and CuPy")
+    path = ple_models["iq4_nl"]
+    stock = _run(path, "gpu", 64, 4, caplog)
+
+    def shift(p) -> None:
+        p.native.table += p.native.row_bytes
+        p.native.n_table_rows -= 1
+
+    bad = _run(path, "gpu", 64, 4, caplog, plant=shift)
+    np.testing.assert_array_equal(bad.logits, stock.logits)  # the prefill went through Python
+    assert np.abs(bad.last_logits - stock.last_logits).max() > 1e-3
 
 
 @pytest.mark.gpu
@@ -257,4 +283,19 @@ def test_bad_row_id_fails_the_decode(ple_models, caplog) -> None:
         return ple_provider.PleProvider._rows(self, a) + self.table.n_rows
 
     with pytest.raises(DecodeError, match="outside the table"):
-        _run(ple_models["q8_0"], "gpu", 64, 2, caplog, rows=outside)
+        _run(
+            ple_models["q8_0"], "gpu", 64, 2, caplog, plant=lambda p: setattr(p, "_rows", outside.__get__(p))
+        )
+
+
+@pytest.mark.gpu
+def test_bad_row_id_fails_the_decode_in_the_c_launch(ple_models, caplog) -> None:
+    """A row the C launch refuses (its table said to be one row long) fails the decode step."""
+    if not _gpu_ready() or ple_provider.native_launch_address() is None:
+        pytest.skip("needs a CUDA build with the C launch, and CuPy")
+
+    def one_row(p) -> None:
+        p.native.n_table_rows = 1
+
+    with pytest.raises(DecodeError, match="outside the table of 1 rows"):
+        _run(ple_models["q8_0"], "gpu", 64, 2, caplog, plant=one_row)
