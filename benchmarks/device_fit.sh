@@ -11,9 +11,9 @@
 # split-model helper imports it; installed here when a reused build lacks it), and
 # tiny-qwen4exp.gguf. Writes five files to $OUT/fit/:
 #   tests.log    pytest -k "on_the_gpu and qwen" with VELO_TEST_GPU_LAYERS=-1
-#   sweep.json   benchmarks/fit_sweep.py --out: every context's settings, terms, buffer lines,
-#                graph nodes/splits, sched copies; the scheduler's split assignment
-#                (GGML_SCHED_DEBUG=2) at n_ctx 8192, n_ubatch 512, no flash attention
+#   sweep.json   benchmarks/fit_sweep.py --out, stock and GPU PLE gather, n_ubatch 1-512: every
+#                context's settings, terms, buffer lines, graph nodes/splits, sched copies; the
+#                scheduler's split assignment (GGML_SCHED_DEBUG=2) for four contexts at n_ctx 8192
 #   sweep.log    the sweep's summary and stderr
 #   doctor.txt   `velo-chat doctor --profile fit` (text, then stderr, then the exit code)
 #   doctor.json  `velo-chat doctor --profile fit --json`
@@ -32,7 +32,9 @@ VELO_TEST_GPU_LAYERS=-1 timeout 60 python3 -m pytest -q -p no:cacheprovider -p n
   tests/test_fit.py -k "on_the_gpu and qwen" > "$fit/tests.log" 2>&1
 echo "fit: tests rc $? after $(( $(date +%s) - t0 )) s"; tail -4 "$fit/tests.log"
 
+# n_ubatch 1: the decode graph alone (llama.cpp reserves the larger of the prefill and decode graphs)
 timeout 90 python3 benchmarks/fit_sweep.py "$VELO_TEST_QWEN" --gpu-layers -1 --out "$fit/sweep.json" \
+  --ubatch 1,16,32,64,128,256,512 --sched-debug "off,512,8192;on,512,8192;on,32,8192;on,1,8192" \
   > "$fit/sweep.log" 2>&1
 echo "fit: sweep rc $? after $(( $(date +%s) - t0 )) s"; tail -12 "$fit/sweep.log"
 

@@ -64,8 +64,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--sched-debug",
-        default="off,512,8192",
-        help="flash_attn,n_ubatch,n_ctx of the context whose scheduler assignment is kept ('' for none)",
+        default="off,512,8192;on,32,8192",
+        help="flash_attn,n_ubatch,n_ctx of the contexts whose scheduler assignment is kept, ';' between",
     )
     ap.add_argument("--out", type=Path, help="write the full JSON here (else the comparison to stdout)")
     args = ap.parse_args()
@@ -74,7 +74,7 @@ def main() -> None:
     probe = machine.probe()
     integrated = probe.gpu is not None and probe.gpu.integrated
     modes = (args.ple_gather or ("stock,gpu" if args.gpu_layers and facts.ple_bytes else "stock")).split(",")
-    debug_key = tuple(args.sched_debug.split(",")) if args.sched_debug else None
+    debug_keys = {tuple(k.split(",")) for k in args.sched_debug.split(";") if k}
     ubatches = [int(x) for x in args.ubatch.split(",")]
     contexts = [int(x) for x in args.ctx.split(",")]
     result: dict[str, Any] = {
@@ -100,7 +100,7 @@ def main() -> None:
             model = LlamaModel(args.model, build_profile("sweep", base).model)
         ple_gpu = model.ple_mode == "gpu"
         rows = []
-        debug: dict[str, Any] | None = None
+        debug: list[dict[str, Any]] = []
         try:
             for fa, ub, n_ctx in itertools.product(args.flash_attn.split(","), ubatches, contexts):
                 context = {
@@ -114,7 +114,7 @@ def main() -> None:
                 terms = estimate.estimate(
                     profile, facts, gpu_offload=probe.gpu_offload, integrated_gpu=integrated, ple_gpu=ple_gpu
                 )
-                sched = debug_key == (fa, str(ub), str(n_ctx)) and args.out is not None
+                sched = (fa, str(ub), str(n_ctx)) in debug_keys and args.out is not None
                 if sched:
                     os.environ["GGML_SCHED_DEBUG"] = "2"  # read when the context makes its scheduler
                 try:
@@ -124,7 +124,7 @@ def main() -> None:
                     os.environ.pop("GGML_SCHED_DEBUG", None)
                 lines = got.log
                 if sched:
-                    debug = {"flash_attn": fa, "n_ubatch": ub, "n_ctx": n_ctx, "lines": lines}
+                    debug.append({"flash_attn": fa, "n_ubatch": ub, "n_ctx": n_ctx, "lines": lines})
                     lines = [ln for ln in lines if "buffer size" in ln or "graph" in ln or "copies" in ln]
                 compared = [c for c in llama_buffers.compare(terms, got) if c.what != "weights"]  # at load
                 big = [abs(c.estimate / c.measured - 1) for c in compared if c.measured >= 1 << 20]
