@@ -43,7 +43,8 @@ from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .thinking import ThinkingSupport, requested
 from .threads import ThreadPlan
-from .speculation import verify_batch_costs
+from .sampling import Sampler
+from .speculation import ReplayResult, replay_decode, verify_batch_costs
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
@@ -307,6 +308,20 @@ class Engine(EngineFacts):
         `messages` (`velo-chat bench --spec`); the live sequence is empty afterwards."""
         live = self._require()[2]
         return verify_batch_costs(live, self.tokens_for(messages, self.template_variables()), sizes, repeats)
+
+    def spec_replay(self, messages: Sequence[ChatMessage], n: int) -> ReplayResult:
+        """`n` greedy tokens after the prompt of `messages`, plain and then speculative with the
+        plain reply in the draft source (`speculation.replay_decode`: the best case on this
+        backend; `velo-chat bench --spec`). The speculation settings are the profile's, drafts
+        fit what the context was made for; the live sequence is empty afterwards."""
+        model, _ctx, live = self._require()
+        tokens = self.tokens_for(messages, self.template_variables())
+        if len(tokens) + n >= live.n_ctx:
+            raise PromptTooLong(f"{len(tokens)} prompt tokens and {n} more do not fit {live.n_ctx}")
+        greedy = dataclasses.replace(self._profile.sampling, temperature=0.0)
+        return replay_decode(
+            live, lambda: Sampler(greedy, model.n_vocab, tokens), self._profile.speculation, tokens, n
+        )
 
     def _require(self) -> tuple[LlamaModel, LlamaContext, LiveSequence]:
         if self._model is None or self._ctx is None or self._live is None:

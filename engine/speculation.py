@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from .config.profile_schema import SpeculationSettings
 from .live_sequence import LiveSequence
@@ -119,22 +119,34 @@ class SpecCounters:
     decode_calls: int = 0  # llama_decode calls of the decode phase (verify batches included)
 
 
+MAX_SLOPE_SAMPLE = 2.0
+"""The most one timed batch may say an extra token costs, in one-token steps. A batch that took
+far longer was descheduled or waited for something else; uncapped, one such sample priced drafts
+out for the rest of the turn, and with no drafts nothing would ever be timed again."""
+
+
 class CostModel:
     """What a decode call of n tokens costs against a one-token step: `1 + slope * (n - 1)`.
     The slope starts at the profile's `batch_cost_prior` and follows the measured calls (an
     exponential moving average of the one-token time, and of each batch's slope against it),
-    so one measured batch size informs every other."""
+    so one measured batch size informs every other. The first batch of each size is not
+    counted: llama.cpp builds and allocates a graph for a new batch shape, a GPU backend may
+    also load kernels, which the same batch never pays again (measured: the first two-token
+    verify of a turn took over ten steps on the CPU and priced out every later draft)."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
         self.slope = slope
         self.alpha = alpha
         self._one: float | None = None
+        self._seen: set[int] = set()
 
     def record(self, n: int, seconds: float) -> None:
         if n == 1:
             self._one = seconds if self._one is None else self._one + self.alpha * (seconds - self._one)
+        elif n not in self._seen:
+            self._seen.add(n)
         elif self._one:
-            observed = max((seconds / self._one - 1.0) / (n - 1), 0.0)
+            observed = min(max((seconds / self._one - 1.0) / (n - 1), 0.0), MAX_SLOPE_SAMPLE)
             self.slope += self.alpha * (observed - self.slope)
 
     def relative(self, n: int) -> float:
@@ -307,3 +319,54 @@ def verify_batch_costs(
             live.rollback(n - 1)
     live.clear()
     return {n: statistics.median(v) for n, v in samples.items()}
+
+
+@dataclass
+class ReplayResult:
+    """Plain decoding against speculation drafting from the plain reply (`replay_decode`)."""
+
+    tokens: int  # tokens decoded each way
+    plain_s: float  # from the first sampled token to the last, plain
+    spec_s: float  # the same with speculation
+    identical: bool  # the same tokens both ways
+    counters: SpecCounters = field(default_factory=SpecCounters)
+
+
+def replay_decode(
+    live: LiveSequence,
+    sampler: Callable[[], Sampler],
+    settings: SpeculationSettings,
+    prompt: Sequence[int],
+    n: int,
+) -> ReplayResult:
+    """Decode `n` tokens after `prompt` plainly, then again with speculation whose draft source
+    also holds that plain reply, as if the session held the text the reply copies. This is the
+    best case a backend allows whatever the model (a random-weight one never repeats text by
+    itself): nearly every draft is accepted, and what is left is the verify batches' cost and
+    the stepper's own. `sampler()` makes a fresh sampler chain (deterministic: greedy or
+    seeded). The live sequence is empty afterwards."""
+
+    def prefill() -> None:
+        live.clear()
+        for pos in range(0, len(prompt), live.n_ubatch):
+            live.extend(prompt[pos : pos + live.n_ubatch])
+        live.synchronize()
+
+    prefill()
+    with sampler() as s:
+        plain = [live.sample(s)]
+        t0 = time.perf_counter()
+        while len(plain) < n:
+            live.append(plain[-1])
+            plain.append(live.sample(s))
+        plain_s = time.perf_counter() - t0
+    prefill()
+    with sampler() as s:
+        stepper = SpecStepper(live, s, settings, [*prompt, *plain])
+        out = [live.sample(s)]
+        t0 = time.perf_counter()
+        while len(out) < n:
+            out.extend(stepper.step(out[-1], n - len(out)))
+        spec_s = time.perf_counter() - t0
+    live.clear()
+    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters)

@@ -128,6 +128,19 @@ def test_draft_length_follows_acceptance_and_cost() -> None:
     assert cpu.relative(9) == pytest.approx(1.0, abs=0.01)  # and so every size
 
 
+def test_cost_model_skips_each_size_first_batch_and_caps_outliers() -> None:
+    cost = CostModel(slope=0.5)
+    cost.record(1, 0.001)
+    cost.record(2, 0.050)  # the first batch of two tokens: a new graph, not counted
+    assert cost.slope == 0.5
+    cost.record(2, 0.050)  # a descheduled batch: counts as at most MAX_SLOPE_SAMPLE
+    assert cost.slope == pytest.approx(0.5 + 0.2 * (speculation.MAX_SLOPE_SAMPLE - 0.5))
+    assert speculation.best_draft_length(1.0, 16, cost, 1.05) > 0  # one outlier does not end drafting
+    for _ in range(30):
+        cost.record(2, 0.0011)
+    assert cost.slope == pytest.approx(0.1, abs=0.01)
+
+
 # -- exactness on SmolLM2 (attention) ---------------------------------------------------------
 
 
@@ -378,3 +391,15 @@ def test_profile_checks_the_draft_fits_a_batch(smollm2_path: Path) -> None:
     with pytest.raises(ProfileError, match="max_draft"):
         test_profile(smollm2_path, speculation={"enabled": True, "max_draft": 64})
     assert test_profile(smollm2_path, speculation={"enabled": True}).speculation.enabled
+
+
+def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> None:
+    """`bench --spec`'s replay row: the plain reply in the draft source is drafted and accepted
+    (nearly every token) and the speculative run gives the same tokens."""
+    with _engine(qwen_path, tmp_path, spec=True, speculation={"batch_cost_prior": 0.0}) as engine:
+        result = engine.spec_replay(PROSE, 96)
+        c = result.counters
+        assert result.identical and result.tokens == 96
+        assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
+        assert c.decode_calls < 48
+        assert engine._require()[2].tokens == ()  # left empty

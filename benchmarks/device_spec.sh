@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Exact n-gram speculation on the GPU machine (H200), in one call: the speculation tests with every
+# layer on the GPU, CUDA's verify-batch logits against one-token logits, and `velo-chat bench
+# --spec` with every layer on the GPU for the tiny qwen4exp and, when given, SmolLM2.
+#
+#   bash benchmarks/device_spec.sh [TINY_GGUF] [SMOLLM2_GGUF]     (repo root; carry: .device)
+#
+# TINY_GGUF: default .device/tiny-qwen4exp.gguf (benchmarks/prepare_device.sh makes it).
+# SMOLLM2_GGUF: SmolLM2-135M-Instruct Q4_1; skipped, with a line saying so, when not given or
+# missing. The CUDA build is device_build.sh's (sourced: a warm machine reuses it).
+#
+# Each model runs `bench --spec` under three profiles (every layer on the GPU, n_ctx 4096, greedy,
+# decode on 1 thread: docs/threads.md):
+#   on      speculation enabled, prefill threads "auto" (the usable cores)
+#   on-b1   the same with n_threads_batch = 1 (the verify batches' threads, a cross-check)
+#   off     speculation disabled: the plain decode rate of a context made without it (on a
+#           hybrid model `on` keeps max_draft recurrent-state snapshots; `off`'s own "on" column
+#           drafts nothing there)
+# `bench --spec` rows: copy-edit and novel (real turns, off and on alternately), replay (the
+# novel prompt's reply decoded again with that reply in the draft source: the best case on this
+# backend, meaningful with random weights too), the verify-batch cost against one token, and the
+# speedup limit it sets.
+#
+# Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no new
+# run starts after this many seconds, default 170), SPEC_PLE (the tiny model's ple_gather, default
+# "auto"). SPEC_LOCAL=1 runs the same logic on this machine's .venv with the layers on the CPU and
+# no build or GPU (a dry run of the script; use small SPEC_TOKENS).
+# At most 8 files come back from the device: $OUT holds summary.txt, results.jsonl (every run's
+# JSON, one line each), logits.jsonl, tests.log, bench.err and build.log (only when it built).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+t_start=$(date +%s)
+if [ "${SPEC_LOCAL:-0}" = 1 ]; then
+  root=$PWD; out=${OUT:-/tmp/out-spec}; mkdir -p "$out"
+  py=${PYTHON:-$root/.venv/bin/python}; layers=0
+else
+  source benchmarks/device_build.sh
+  py=python3; layers=-1
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+fi
+echo "build done at $(( $(date +%s) - t_start )) s; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+tiny=${1:-$root/.device/tiny-qwen4exp.gguf}
+smol=${2:-}
+tokens=${SPEC_TOKENS:-512}; repeats=${SPEC_REPEATS:-3}; budget=${SPEC_BUDGET_S:-170}
+home=$(mktemp -d /tmp/velo-spec-home.XXXXXX)
+export VELO_CHAT_HOME=$home
+mkdir -p "$home/config/profiles"
+summary=$out/summary.txt; results=$out/results.jsonl
+: > "$summary"; : > "$results"
+say() { echo "$*" | tee -a "$summary"; }
+
+profile() {  # name, n_threads_batch, speculation enabled, ple_gather
+  {
+    printf '[model]\nn_gpu_layers = %s\nple_gather = "%s"\n' "$layers" "$4"
+    printf '[context]\nn_ctx = 4096\nn_threads = 1\nn_threads_batch = %s\nflash_attn = "on"\n' "$2"
+    printf '[sampling]\ntemperature = 0.0\n[speculation]\nenabled = %s\n' "$3"
+  } > "$home/config/profiles/$1.toml"
+}
+ple=${SPEC_PLE:-auto}
+profile tiny-on '"auto"' true "$ple"; profile tiny-on-b1 1 true "$ple"; profile tiny-off '"auto"' false "$ple"
+profile smol-on '"auto"' true auto; profile smol-on-b1 1 true auto; profile smol-off '"auto"' false auto
+
+# -- the tests with every layer on the GPU (SmolLM2's only when it is given) ----------------------
+export VELO_TEST_QWEN=$tiny VELO_TEST_GPU_LAYERS=$layers
+export VELO_TEST_CACHE=$home/test-data
+mkdir -p "$VELO_TEST_CACHE"
+select="qwen or ngram or draft_length or speculative_sampling or replay or cost_model"
+if [ -n "$smol" ] && [ -f "$smol" ]; then
+  ln -sf "$(cd "$(dirname "$smol")" && pwd)/$(basename "$smol")" \
+    "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
+  select=""
+fi
+timeout 100 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py \
+  ${select:+-k "$select"} > "$out/tests.log" 2>&1
+say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
+
+# -- verify-batch logits against one-token logits ------------------------------------------------
+: > "$out/logits.jsonl"
+logits() {  # label, model, profile
+  timeout 40 "$py" benchmarks/spec_logits.py --model "$2" --profile "$3" --label "$1" \
+    >> "$out/logits.jsonl" 2>> "$out/bench.err" || say "logits $1 failed (bench.err)"
+}
+
+# -- bench --spec -----------------------------------------------------------------------------------
+bench() {  # label, model, profile
+  if [ $(( $(date +%s) - t_start )) -gt "$budget" ]; then say "out of time before $1"; return; fi
+  local json=$home/$1.json
+  timeout 120 "$py" -m velo_chat.app.cli bench --spec --model "$2" --profile "$3" --json \
+    --decode-tokens "$tokens" --repeats "$repeats" > "$json" 2>> "$out/bench.err"
+  "$py" - "$1" "$json" "$results" <<'PY' | tee -a "$summary"
+import json, sys
+name, path, results = sys.argv[1:]
+try:
+    d = json.load(open(path))
+except ValueError:
+    print(f"bench {name} failed (bench.err)")
+    sys.exit()
+with open(results, "a") as fh:
+    fh.write(json.dumps({"run": name, "result": d}) + "\n")
+s = d["sections"]["speculation"]
+print(f"== {name}: {d['threads']['plan']}")
+for row in ("copy-edit", "novel", "replay"):
+    r = s.get(row)
+    if r:
+        print(f"  {row:>9}: off {r['tok_s_off']:8.1f} on {r['tok_s_on']:8.1f} tok/s = {r['speedup']}x"
+              f" accept {r['acceptance']} tok/call {r['tokens_per_call']} tokens {r['decode_tokens']}"
+              f" identical {r['identical']}  runs off {r['tok_s_off_runs']} on {r['tok_s_on_runs']}")
+print(f"  verify cost (one token {s['cost_1_ms']} ms): {s['cost']}; limit {s['limit_full']}x full,"
+      f" {s['limit_at_copy_acceptance']}x at copy-edit's acceptance")
+PY
+}
+
+logits tiny "$tiny" tiny-on
+for p in on off on-b1; do bench "tiny-$p" "$tiny" "tiny-$p"; done
+if [ -n "$smol" ] && [ -f "$smol" ]; then
+  logits smol "$smol" smol-on
+  for p in on off on-b1; do bench "smol-$p" "$smol" "smol-$p"; done
+else
+  say "SmolLM2 skipped: no model at '${smol}' (pass its path as the second argument)"
+fi
+"$py" - "$out/logits.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    print(f"== logits {d['label']}: batch against one token, max |diff| by batch size {d['max_abs_diff']};"
+          f" argmax differs at {d['argmax_differs']} of {d['positions']} positions; smallest top-2 gap {d['min_top2_gap']}")
+PY
+say "total $(( $(date +%s) - t_start )) s"
+rm -rf "$home"
