@@ -302,12 +302,30 @@ class Engine(EngineFacts):
         self._require()[2].clear()
 
     def verify_batch_costs(
-        self, messages: Sequence[ChatMessage], sizes: Sequence[int], repeats: int
+        self,
+        messages: Sequence[ChatMessage],
+        sizes: Sequence[int],
+        repeats: int,
+        *,
+        prefill_threads: bool = False,
     ) -> dict[int, float]:
         """Median seconds of a speculation verify batch of each size after the prompt of
-        `messages` (`velo-chat bench --spec`); the live sequence is empty afterwards."""
-        live = self._require()[2]
-        return verify_batch_costs(live, self.tokens_for(messages, self.template_variables()), sizes, repeats)
+        `messages` (`velo-chat bench --spec`); the live sequence is empty afterwards.
+        `prefill_threads`: run the batches on the prefill threads even where verify batches
+        use the decode ones (every layer on the GPU), to measure what that choice saves."""
+        _model, ctx, live = self._require()
+        saved = ctx.verify_on_decode_threads
+        ctx.verify_on_decode_threads = saved and not prefill_threads
+        try:
+            tokens = self.tokens_for(messages, self.template_variables())
+            return verify_batch_costs(live, tokens, sizes, repeats)
+        finally:
+            ctx.verify_on_decode_threads = saved
+
+    @property
+    def verify_threads(self) -> str:
+        """Which threads a verify batch runs on: "decode" (every layer on the GPU) or "prefill"."""
+        return "decode" if self._require()[1].verify_on_decode_threads else "prefill"
 
     def spec_replay(self, messages: Sequence[ChatMessage], n: int) -> ReplayResult:
         """`n` greedy tokens after the prompt of `messages`, plain and then speculative with the

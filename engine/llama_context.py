@@ -111,6 +111,13 @@ class LlamaContext:
         self._governor: ThreadGovernor | None = None
         self._in_use = plan.decode  # threads the last llama_decode ran with
         self._threads = (plan.decode, plan.batch)
+        # Verify batches (speculation) on the decode threads and pool when every layer is on
+        # the GPU: there a batch of a few tokens is, for the CPU, a token's step (an embedding
+        # lookup), and waking the prefill pool's threads for it costs more than the step
+        # (docs/threads.md). With layers on the CPU a verify batch is CPU work like a small
+        # prefill, and keeps the prefill threads. Switched lazily: `_verify_threads`.
+        self.verify_on_decode_threads = plan.gpu_resident
+        self._verify_on = False  # batches run on the decode threads and pool now
         if plan.pool:
             self._attach_pools(plan.decode, plan.batch)
         log.info("threads: %s", plan.describe())
@@ -133,6 +140,7 @@ class LlamaContext:
         if self._pools is not None:
             self._old_pools.append(self._pools)  # freed with the context (see Threadpools)
         self._pools = pools
+        self._verify_on = False  # the new pools are attached as decode and prefill pools
 
     @property
     def threads_now(self) -> tuple[int, int]:
@@ -140,8 +148,20 @@ class LlamaContext:
         return self._threads
 
     def _set_threads(self, decode: int, batch: int) -> None:
-        self._ll.llama_set_n_threads(self.ctx, decode, batch)
+        self._ll.llama_set_n_threads(self.ctx, decode, decode if self._verify_on else batch)
         self._threads = (decode, batch)
+
+    def _verify_threads(self, on: bool) -> None:
+        """Batches on the decode threads and pool (`on`: verify batches, when
+        `verify_on_decode_threads`) or on the prefill ones. Two cheap calls, made only when
+        the decode phase of a speculating turn starts and when a prefill follows it."""
+        if on == self._verify_on:
+            return
+        self._verify_on = on
+        pools = self._pools
+        if pools is not None and pools.batch != pools.decode:
+            pools.attach(batch_on_decode=on)
+        self._set_threads(*self._threads)
 
     def _adapt(self) -> None:
         gov = self._governor
@@ -178,6 +198,8 @@ class LlamaContext:
             gov = self._governor
             if gov is not None and gov.due(time.monotonic()):
                 self._adapt()
+            if n > 1 and self._verify_on:
+                self._verify_threads(False)
             self._in_use = self._threads[1] if n > 1 else self._threads[0]
             if n == 1:
                 arr = self._one
@@ -231,7 +253,9 @@ class LlamaContext:
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = SEQ
             b.logits[i] = 1
-        self._in_use = self._threads[1]
+        if self._verify_on != self.verify_on_decode_threads:
+            self._verify_threads(self.verify_on_decode_threads)
+        self._in_use = self._threads[0] if self._verify_on else self._threads[1]
         rc = ll.llama_decode(self.ctx, b)
         if rc != 0:
             raise DecodeError(f"llama_decode failed verifying a draft (code {rc}); see the log")

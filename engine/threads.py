@@ -366,6 +366,12 @@ class Threadpools:
             self.close()
             raise
         attach(ctx, self.decode, self.batch)
+        self._attach = attach
+
+    def attach(self, batch_on_decode: bool) -> None:
+        """Give batches the decode pool (`batch_on_decode`: a speculation verify batch, which
+        runs like a token's step) or their own (prefill)."""
+        self._attach(self.ctx, self.decode, self.decode if batch_on_decode else self.batch)
 
     def _new(self, n: int, poll: int) -> int:
         p = ThreadpoolParams()

@@ -403,3 +403,36 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
         assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
         assert c.decode_calls < 48
         assert engine._require()[2].tokens == ()  # left empty
+
+
+def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, forced) -> None:
+    """With every layer on the GPU a verify batch runs on the decode threads and pool (forced
+    here on the CPU build): the reply is unchanged, a verify batch runs on one thread,
+    a prefill goes back to the prefill threads, and the next turn is unchanged too."""
+    from llama_cpp import llama_cpp as ll
+
+    threads = {"context": {"n_threads": 1, "n_threads_batch": 2, "adapt_threads": False}}
+    plain = _engine(qwen_path, tmp_path / "a", spec=False, **threads)
+    spec = _engine(qwen_path, tmp_path / "b", spec=True, **threads)
+    try:
+        _model, ctx, live = spec._require()
+        # layers on the CPU: a verify batch is CPU work, like a prefill (the GPU machine runs
+        # this test with every layer on the GPU: there it is the planned choice)
+        assert ctx.verify_on_decode_threads == ctx.thread_plan.gpu_resident
+        ctx.verify_on_decode_threads = True
+        a = _run(plain, PROSE, max_tokens=40, ignore_eos=True)
+        forced(_oracle(spec, PROSE, a[0]))
+        b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
+        assert b[0] == a[0] and b[1].stats.spec_rounds > 0
+        live.verify(a[0][:3])
+        assert ll.llama_n_threads_batch(ctx.ctx) == 1 and spec.verify_threads == "decode"
+        live.extend(spec.tokens_for(SHORT)[:8])  # a prefill: back on its own threads
+        assert ll.llama_n_threads_batch(ctx.ctx) == 2
+        assert spec.threads_now == (1, 2)
+        costs = spec.verify_batch_costs(PROSE, (1, 2, 3), 1, prefill_threads=True)
+        assert set(costs) == {1, 2, 3} and ctx.verify_on_decode_threads  # put back
+        forced(_oracle(spec, PROSE, a[0]))
+        assert _run(spec, PROSE, max_tokens=40, ignore_eos=True)[0] == a[0]
+    finally:
+        plain.close()
+        spec.close()

@@ -104,6 +104,16 @@ def spec_section(
             note("speculation: cost of a verify batch")
             engine.reset()
             costs = engine.verify_batch_costs(workloads()["novel"], BATCH_SIZES, max(repeats, 5))
+            out["verify_threads"] = engine.verify_threads
+            threads = engine.threads_now
+            if engine.verify_threads == "decode" and threads[0] != threads[1]:
+                note("speculation: cost of a verify batch on the prefill threads")
+                on_prefill = engine.verify_batch_costs(
+                    workloads()["novel"], BATCH_SIZES, max(repeats, 5), prefill_threads=True
+                )
+                out["cost_on_prefill_threads"] = {
+                    str(k): round(v / costs[1], 3) for k, v in on_prefill.items()
+                }
             engine.reset()
     finally:
         _with_speculation(engine, loaded.speculation.enabled)
@@ -156,7 +166,13 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
             f"{r.get('acceptance', 0):>7.2f} {r.get('tokens_per_call', 0):>9.2f} {r['identical']}"
         )
     costs = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost"].items())
-    lines.append(f"  verify batch of n tokens / one token ({s['cost_1_ms']:.1f} ms): {costs}")
+    lines.append(
+        f"  verify batch of n tokens / one token ({s['cost_1_ms']:.1f} ms, "
+        f"{s.get('verify_threads', 'prefill')} threads): {costs}"
+    )
+    if "cost_on_prefill_threads" in s:
+        slower = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost_on_prefill_threads"].items())
+        lines.append(f"  the same on the prefill threads: {slower}")
     lines.append(
         f"  speedup limit from that cost: {s['limit_full']:.2f}x at full acceptance, "
         f"{s['limit_at_copy_acceptance']:.2f}x at copy-edit's"
