@@ -106,7 +106,7 @@ class _Reader:
             raise GGUFError(f"{self.path}: corrupt GGUF header (string of {n} bytes)")
         return self.read(n).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int, keep: bool) -> Any:
+    def value(self, vtype: int, keep: bool, small: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.unpack(_SCALARS[vtype])
         if vtype == _STRING:
@@ -115,18 +115,20 @@ class _Reader:
             item_type, count = self.unpack("I"), self.unpack("Q")
             if count > self.size:
                 raise GGUFError(f"{self.path}: corrupt GGUF header (array of {count} items)")
-            if item_type in _SCALARS and not keep:
+            numbers = item_type in _SCALARS
+            if numbers and not keep and count > small:
                 self.fh.seek(struct.calcsize(_SCALARS[item_type]) * count, 1)
                 return None
             items = [self.value(item_type, keep) for _ in range(count)]
-            return items if keep else None
+            return items if keep or numbers else None
         raise GGUFError(f"{self.path}: corrupt GGUF header (value type {vtype})")
 
 
-def read_header(path: Path, *, keep_arrays: bool = False) -> GGUFHeader:
+def read_header(path: Path, *, keep_arrays: bool = False, small_arrays: int = 0) -> GGUFHeader:
     """Parse a GGUF's metadata and tensor table; raise GGUFError if it is not a whole GGUF.
 
-    Large arrays (the tokenizer's vocab and merges) are skipped unless `keep_arrays`.
+    Arrays (the tokenizer's vocab and merges) are skipped (None) unless `keep_arrays`; numeric
+    arrays of at most `small_arrays` items (per-layer settings) are kept either way.
     """
     path = Path(path)
     try:
@@ -151,7 +153,7 @@ def read_header(path: Path, *, keep_arrays: bool = False) -> GGUFHeader:
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = r.string()
-            metadata[key] = r.value(r.unpack("I"), keep_arrays)
+            metadata[key] = r.value(r.unpack("I"), keep_arrays, small_arrays)
         tensors = []
         for _ in range(n_tensors):
             name = r.string()

@@ -8,7 +8,10 @@ arithmetic, so the table can be followed by hand. The formulas follow llama.cpp'
 - KV cache: n_ctx (rounded up to 256) x, per attention layer, one K row and one V row of the
   cache types; recurrent layers keep none (plus qwen4exp's indexer keys, one K row per layer);
 - recurrent state: (conv + ssm state values) x 4 bytes per recurrent layer, x n_seq x (1 + n_rs_seq);
-- compute buffers: an estimate (see `compute_bytes`), checked against llama.cpp on the CPU;
+- compute buffers: estimated from the graph's largest tensors (`compute_bytes`); with every
+  layer on a GPU, the GPU's buffer and the pinned host buffer that holds the graph's inputs and
+  the CPU's split (`graph_inputs`, `cpu_split`); checked against llama.cpp's logs on the CPU and
+  on an H200 (docs/fit.md);
 - checkpoints: the RAM budget plus the two states that may go past it (docs/checkpoints.md);
 - the PLE table: read into RAM, or kept on lazy mmap (page cache: reclaimable, but decode slows
   when it is evicted).
@@ -19,17 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.profile_schema import Profile
+from .compute import attention_on_cpu, compute_bytes, cpu_split, fa_on_cpu, graph_inputs
 from .model_facts import ModelFacts
+from .sizes import GIB, MIB, fmt, row_bytes
 
-GIB = 1 << 30
-MIB = 1 << 20
 N_CTX_PAD = 256  # llama.cpp pads n_ctx to this
 LAZY_AUTO_MIN = 4 * GIB  # lazy_mode "auto" keeps a PLE table this large on mmap
 CUDA_CONTEXT = 512 * MIB  # the CUDA runtime's own context and kernels (an estimate)
 RESERVE = 1 * GIB  # kept free: a machine with nothing available stalls instead of failing
-
-# bytes per value (ggml block size / block bytes) of the KV cache types
-KV_TYPE_BYTES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 
 RAM, GPU, CACHE = "RAM", "GPU", "page cache"
 
@@ -50,16 +50,6 @@ class Term:
             "place": self.place,
             "formula": self.formula,
         }
-
-
-def row_bytes(type_name: str, n: int) -> int:
-    block, size = KV_TYPE_BYTES[type_name]
-    return n // block * size
-
-
-def fmt(n: float) -> str:
-    """Bytes for people: MiB below a GiB, GiB above."""
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.2f} MiB"
 
 
 @dataclass(frozen=True)
@@ -99,10 +89,6 @@ def n_rs_seq_of(profile: Profile, facts: ModelFacts) -> int:
     return int(getattr(spec, "max_draft", 0) or 0)
 
 
-def flash_attn_on(profile: Profile) -> bool:
-    return profile.context.flash_attn != "off"  # "auto" enables it on the CPU and on CUDA
-
-
 def ple_lazy(profile: Profile, facts: ModelFacts, integrated_gpu: bool) -> bool:
     """Whether llama.cpp keeps the PLE table on lazy mmap: "on" always; "auto" when it is over
     4 GiB, except on an integrated GPU, where llama.cpp turns lazy reading off."""
@@ -110,28 +96,6 @@ def ple_lazy(profile: Profile, facts: ModelFacts, integrated_gpu: bool) -> bool:
     if not facts.ple_bytes or mode == "off":
         return False
     return mode == "on" or (facts.ple_bytes > LAZY_AUTO_MIN and not integrated_gpu)
-
-
-def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int) -> tuple[int, str]:
-    """llama.cpp's compute buffer, estimated. The graph allocator reuses memory, so the buffer
-    is the larger of two peaks: the logits of a full micro-batch (n_ubatch x n_vocab f32, plus
-    8 bytes per embedding value and token), and an attention layer's scratch per (cached token,
-    batch token) pair: the f16 mask (2 B), f32 scores per head without flash attention (4 B x
-    n_head), f32 indexer scores per indexer head (qwen4exp), and about 1.5 B (3.5 B without flash
-    attention) of temporaries, a figure measured on llama.cpp's CPU backend."""
-    ub = min(profile.context.n_ubatch, profile.context.n_batch)
-    fa = flash_attn_on(profile)
-    logits = ub * (4 * facts.n_vocab + 8 * facts.n_embd)
-    if not facts.kv_layers:
-        return logits, f"logits {ub} x ({facts.n_vocab:,} x 4 B + {facts.n_embd} x 8 B)"
-    idx = 4 * facts.indexer_heads if facts.indexer_key_length else 0
-    per_pair = 2 + (0 if fa else 4 * facts.n_head) + idx + (1.5 if fa else 3.5)
-    attn = int(n_ctx * ub * per_pair) + ub * 8 * facts.n_embd
-    formula = (
-        f"max(logits {ub} x ({facts.n_vocab:,} x 4 B + {facts.n_embd} x 8 B) = {fmt(logits)}, "
-        f"attention {n_ctx:,} x {ub} x {per_pair:g} B = {fmt(attn)})"
-    )
-    return max(logits, attn), formula
 
 
 def estimate(
@@ -163,11 +127,11 @@ def estimate(
     cpu_w = facts.input_bytes - embd_gpu + sum(facts.layer_bytes[il] for il in cpu_layers)
     cpu_w += 0 if out_gpu else facts.output_bytes
     how = "mmap, must stay in the page cache" if profile.model.use_mmap else "read into RAM"
-    inputs = " + input" if facts.input_bytes > embd_gpu else ""
+    with_input = " + input" if facts.input_bytes > embd_gpu else ""
     terms.append(
         Term(
             "weights_cpu",
-            f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'}{inputs})",
+            f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'}{with_input})",
             cpu_w,
             RAM,
             f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s); {how}",
@@ -256,23 +220,30 @@ def estimate(
 
     # -- output and compute buffers
     terms.append(Term("output", "logits output", facts.n_vocab * 4 * n_seq, RAM, f"{facts.n_vocab:,} x 4 B"))
-    comp, formula = compute_bytes(profile, facts, n_ctx)
     if out_gpu:
-        terms.append(
-            Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula + " (not yet checked on a GPU)")
-        )
-        host = min(ctx.n_ubatch, ctx.n_batch) * facts.n_embd * 4 * 4
+        comp, formula = compute_bytes(profile, facts, n_ctx, cuda=True)
+        terms.append(Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula))
+        inputs, inputs_f = graph_inputs(profile, facts, n_ctx)
+        if cpu_layers:  # the CPU runs whole layers too: its own peak, not measured on a GPU machine
+            work, work_f = compute_bytes(profile, facts, n_ctx)
+            work_f = f"the CPU layers' {work_f} (not measured with a GPU)"
+        else:
+            work, work_f = cpu_split(profile, facts, ple_gpu)
+        if fa_on_cpu(profile, facts, cuda=True):
+            fa_extra, fa_f = attention_on_cpu(profile, facts, n_ctx)
+            work, work_f = work + fa_extra, f"{work_f}; {fa_f}"
         terms.append(
             Term(
                 "compute_cpu",
-                "compute buffer (CPU side)",
-                host,
+                "compute buffer (CPU side, pinned)",
+                inputs + work,
                 RAM,
-                "n_ubatch x n_embd x 16 B (input embeddings)",
+                f"graph inputs {inputs_f} = {fmt(inputs)}; {work_f}",
             )
         )
         terms.append(Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"))
     else:
+        comp, formula = compute_bytes(profile, facts, n_ctx)
         terms.append(Term("compute_cpu", "compute buffer (CPU)", comp, RAM, formula))
 
     # -- checkpoints

@@ -58,6 +58,14 @@ class ModelFacts:
     indexer_key_length: int  # qwen4exp sparse-attention indexer: key values per token, 0 if none
     indexer_heads: int
     attention_pattern_note: str  # how the attention layers were found (and any disagreement)
+    # the compute graph's shapes (the compute buffers' estimate)
+    n_pos_per_token: int = 1  # positions per token: 4 with M-RoPE (rope.dimension_sections)
+    indexer_ratio: int = 0  # cells per indexer block (attention.compress_ratios), 0 without
+    ple_heads: int = 0  # PLE rows gathered per token ((ngram_size - 1) x heads_per_ngram)
+    ple_head_dim: int = 0  # values per PLE row (embedding_length_per_layer_input)
+    hc: int = 1  # hyper-connection streams: the residual is hc x n_embd wide
+    head_dim_k: int = 0  # values per attention head (attention.key_length, else n_embd / n_head)
+    head_dim_v: int = 0
 
     @property
     def file_bytes(self) -> int:
@@ -80,7 +88,7 @@ def _padded(t: gguf_file.TensorInfo, align: int) -> int:
 
 def read_facts(path: Path) -> ModelFacts:
     """Read every shard's header (raises `GGUFError` for a missing or bad shard)."""
-    first = gguf_file.read_header(Path(path))
+    first = gguf_file.read_header(Path(path), small_arrays=4096)  # per-layer arrays kept
     paths = gguf_file.shard_paths(first)
     for i, p in enumerate(paths[1:], start=2):
         if not p.exists():
@@ -156,6 +164,9 @@ def read_facts(path: Path) -> ModelFacts:
     ple_conv_state = (ple_conv - 1) * ple_ngram * hc * n_embd if (ple_conv and ple_bytes) else 0
 
     note = _pattern_note(meta, a, n_layer, recurrent)
+    ratios = meta.get(a + "attention.compress_ratios")
+    ratios = ratios if isinstance(ratios, list) else [_int(meta, a + "attention.compress_ratios")]
+    used = [int(r) for il, r in enumerate(ratios) if r and (len(ratios) == 1 or il in kv_layers)]
     return ModelFacts(
         path=first.path,
         architecture=arch,
@@ -183,6 +194,13 @@ def read_facts(path: Path) -> ModelFacts:
         indexer_key_length=_int(meta, a + "attention.indexer.key_length"),
         indexer_heads=_int(meta, a + "attention.indexer.head_count"),
         attention_pattern_note=note,
+        n_pos_per_token=4 if a + "rope.dimension_sections" in meta else 1,
+        indexer_ratio=min(used) if used and _int(meta, a + "attention.indexer.head_count") else 0,
+        ple_heads=(ple_ngram - 1) * _int(meta, a + "ple.heads_per_ngram", 1) if ple_conv_state else 0,
+        ple_head_dim=_int(meta, a + "embedding_length_per_layer_input") if ple_bytes else 0,
+        hc=hc,
+        head_dim_k=key_length or n_embd // max(n_head, 1),
+        head_dim_v=value_length or key_length or n_embd // max(n_head, 1),
     )
 
 

@@ -1,0 +1,182 @@
+"""The compute buffers llama.cpp reserves for its graphs, estimated from the graph's largest
+tensors (docs/fit.md explains each part, and where it was measured).
+
+With every layer on the CPU there is one buffer (`compute_bytes`). With the output layer on a
+GPU there are two: the GPU's (`compute_bytes(..., cuda=True)`) and the CPU backend's, in pinned
+host memory, which holds the graph's inputs (`graph_inputs`), the CPU's own split (`cpu_split`)
+and, when flash attention runs on the CPU, that split's inputs (`attention_on_cpu`).
+"""
+
+from __future__ import annotations
+
+from ..config.profile_schema import Profile
+from .model_facts import ModelFacts
+from .sizes import fmt, row_bytes, size
+
+# head sizes (K, V) that CUDA's flash-attention kernels take (ggml-cuda/fattn.cu); others
+# (192, 320, 512 only for some GQA ratios) are left out: the estimate then assumes the CPU
+CUDA_FA_HEADS = {(d, d) for d in (40, 64, 72, 80, 96, 112, 128, 256)} | {(576, 512)}
+
+
+def cuda_fa_kernel(facts: ModelFacts) -> bool:
+    """Whether CUDA runs flash attention for this model's head size."""
+    return (facts.head_dim_k, facts.head_dim_v) in CUDA_FA_HEADS
+
+
+def flash_attn_on(profile: Profile, facts: ModelFacts | None = None, cuda: bool = False) -> bool:
+    """Whether llama.cpp runs the attention with flash attention. "auto" enables it on the CPU;
+    on CUDA only for a head size CUDA's kernels take (llama.cpp checks where the op lands)."""
+    setting = profile.context.flash_attn
+    if setting == "auto" and cuda and facts is not None:
+        return cuda_fa_kernel(facts)
+    return setting != "off"
+
+
+def fa_on_cpu(profile: Profile, facts: ModelFacts, cuda: bool) -> bool:
+    """Flash attention forced on ("on") for a head size CUDA does not take: llama.cpp runs that
+    op on the CPU, with copies of its inputs in the pinned host buffer."""
+    return cuda and bool(facts.kv_layers) and profile.context.flash_attn == "on" and not cuda_fa_kernel(facts)
+
+
+def ubatch_of(profile: Profile) -> int:
+    return min(profile.context.n_ubatch, profile.context.n_batch)
+
+
+def _sum(parts: list[tuple[str, float]]) -> tuple[float, str]:
+    shown = [(what, n) for what, n in parts if n]
+    return sum(n for _w, n in shown), " + ".join(f"{size(n)} {what}" for what, n in shown)
+
+
+def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
+    """Bytes per (cached token, batch token) pair at an attention layer's peak: the KQ mask (f16
+    with flash attention, f32 without); without flash attention the f32 scores of every head
+    (the softmax overwrites them in place); the qwen4exp indexer's scores (per block and head
+    before they are summed, then two f32 values per cell: the block scores spread over the
+    cells and the mask added to them); the temporaries that remain (measured); on CUDA without
+    flash attention 4 B more (measured on the H200)."""
+    parts: list[tuple[str, float]] = [("mask", 2 if fa else 4)]
+    if not fa:
+        parts.append((f"scores ({facts.n_head} heads x 4 B)", 4 * facts.n_head))
+    r = facts.indexer_ratio
+    if r:
+        idx = max(8, 4 * facts.indexer_heads / r) + 4 / r
+        parts.append((f"indexer (max(2 x 4 B, {facts.indexer_heads} heads x 4 B / {r}) + 4 B / {r})", idx))
+    parts.append(("temporaries", 0.3 if fa else 0.5))
+    if cuda and not fa:
+        parts.append(("CUDA's own", 4))
+    return _sum(parts)
+
+
+def block_tables(facts: ModelFacts, n_ctx: int) -> int:
+    """The indexer's per-cell inputs: each cell's block, each block's cells (i32), and each
+    block's 4 positions (i32)."""
+    r = facts.indexer_ratio
+    return n_ctx * 8 + -(-n_ctx // r) * 16 if r else 0
+
+
+def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool = False) -> tuple[int, str]:
+    """llama.cpp's compute buffer (on the CPU, or the GPU's when every layer is offloaded),
+    estimated. The graph allocator reuses memory, so the buffer is the largest of its peaks:
+    the logits of a full micro-batch (n_ubatch x n_vocab f32, plus 8 bytes per embedding value
+    and token); an attention layer's scratch per (cached token, batch token) pair (`per_pair`),
+    plus the indexer's block tables; and on qwen4exp the indexer pooling its keys over the whole
+    cache (gathered as f32 rows, then a block slice and the running block sum) while the mask and
+    the block bias are there: the peak of the one-token graph llama.cpp also reserves."""
+    ub = ubatch_of(profile)
+    fa = flash_attn_on(profile, facts, cuda)
+    logits = ub * (4 * facts.n_vocab + 8 * facts.n_embd)
+    logits_f = f"logits {ub} x ({facts.n_vocab:,} x 4 B + {facts.n_embd} x 8 B) = {fmt(logits)}"
+    if not facts.kv_layers:
+        return logits, logits_f
+    pair, pair_f = per_pair(facts, fa, cuda)
+    tables = block_tables(facts, n_ctx)
+    attn = int(n_ctx * ub * pair) + ub * 8 * facts.n_embd + tables
+    peaks = [logits_f, f"attention {n_ctx:,} x {ub} x ({pair_f}) = {fmt(attn)}"]
+    best = max(logits, attn)
+    r = facts.indexer_ratio
+    if r:
+        d = facts.indexer_key_length
+        mask = (2 if fa else 4) * ub + 4 * ub / r  # the mask's and the block bias's rows
+        pool = int(n_ctx * (4 * d + 8 * d // r + mask)) + tables
+        peaks.append(
+            f"indexer keys {n_ctx:,} x ({4 * d} + 2 x {4 * d // r} B + {mask:g} B mask, bias) = {fmt(pool)}"
+        )
+        best = max(best, pool)
+    return best, "max(" + ", ".join(peaks) + ")"
+
+
+def graph_inputs(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool = True) -> tuple[int, str]:
+    """The compute graph's inputs for a full micro-batch. llama.cpp fills them on the host, so
+    with layers on a GPU they are allocated in the CPU backend's buffer (CUDA_Host, pinned), all
+    at the start of the graph, and copied to the GPU where its nodes read them: token ids, the
+    f32 embeddings input (for a micro-batch of embeddings instead of tokens; allocated either
+    way), positions, output rows, the KQ mask, the cache rows written (V's per value without
+    flash attention: it is stored transposed), the indexer's block tables and per-block bias,
+    and the PLE row ids."""
+    ub = ubatch_of(profile)
+    fa = flash_attn_on(profile, facts, cuda)
+    parts: list[tuple[str, float]] = [
+        ("tokens", 4 * ub),
+        (f"embeddings ({ub} x {facts.n_embd} x 4 B, unused with tokens)", 4 * ub * facts.n_embd),
+        (f"positions ({facts.n_pos_per_token} per token)", 4 * ub * facts.n_pos_per_token),
+        ("output rows", 4 * ub),
+    ]
+    if facts.kv_layers:
+        mask = 2 if fa else 4
+        parts.append((f"KQ mask ({n_ctx:,} x {ub} x {mask} B)", n_ctx * ub * mask))
+        v_rows = 1 if fa else facts.kv_v_width[0]
+        parts.append(("cache rows", 8 * ub * (1 + v_rows + (1 if facts.indexer_ratio else 0))))
+    r = facts.indexer_ratio
+    if r:
+        blocks = -(-n_ctx // r)
+        parts.append(("block tables", block_tables(facts, n_ctx)))
+        parts.append((f"block bias ({blocks:,} x {ub} x 4 B)", blocks * ub * 4))
+    if facts.ple_heads:
+        parts.append(("PLE row ids", 4 * ub * facts.ple_heads))
+    total, formula = _sum(parts)
+    return int(total), formula
+
+
+def cpu_split(profile: Profile, facts: ModelFacts, ple_gpu: bool) -> tuple[int, str]:
+    """What the CPU computes when every layer is on the GPU: llama.cpp keeps the input
+    embeddings on the CPU, so the first split gathers the micro-batch's token rows (f32) there,
+    and with the stock PLE gather the PLE rows too. The GPU PLE gather puts `token_embd` on the
+    GPU: no CPU split."""
+    if ple_gpu:
+        return 0, "no CPU split (the GPU PLE gather)"
+    ub = ubatch_of(profile)
+    parts: list[tuple[str, float]] = [(f"token rows ({ub} x {facts.n_embd} x 4 B)", 4 * ub * facts.n_embd)]
+    if facts.ple_heads:
+        ple = 4 * ub * facts.ple_heads * facts.ple_head_dim
+        parts.append((f"PLE rows ({ub} x {facts.ple_heads} x {facts.ple_head_dim} x 4 B)", ple))
+    total, formula = _sum(parts)
+    return int(total), formula
+
+
+def attention_on_cpu(profile: Profile, facts: ModelFacts, n_ctx: int) -> tuple[int, str]:
+    """With flash attention on the CPU (`fa_on_cpu`), the host buffer also takes that split's
+    inputs, copied from the GPU: Q, the K and V cache (the rows of every cell) and the combined
+    f16 mask. They go into the holes the graph inputs left once copied to the GPU (the KQ mask
+    and the block bias), each into the smallest hole it fits (ggml-alloc's best fit); what fits
+    in none adds to the buffer. (The output, Q's size, is left out: measured, it finds room.)"""
+    ub = ubatch_of(profile)
+    ctx = profile.context
+    q = 4 * ub * facts.n_head * facts.head_dim_k
+    k = n_ctx * row_bytes(ctx.type_k, facts.kv_k_width[0])
+    v = n_ctx * row_bytes(ctx.type_v, facts.kv_v_width[0])
+    mask = n_ctx * ub * 2
+    holes = [mask]
+    if facts.indexer_ratio:
+        holes.append(-(-n_ctx // facts.indexer_ratio) * ub * 4)
+    extra = 0
+    for n in (q, k, v, mask):  # in the order ggml-alloc places them
+        fits = [h for h in holes if h >= n]
+        if fits:
+            best = min(fits)
+            holes[holes.index(best)] = best - n
+        else:
+            extra += n
+    return extra, (
+        f"flash attention on the CPU: Q {fmt(q)}, K {fmt(k)}, V {fmt(v)}, mask {fmt(mask)}; "
+        f"{fmt(extra)} past the holes of the copied inputs"
+    )
