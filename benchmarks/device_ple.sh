@@ -10,7 +10,9 @@
 # the PLE table types but f32 (tests/support/tiny_qwen4exp.py with ple_type=...). The build applies
 # packaging/patches/*.patch and lives in /tmp (a warm machine reuses it; the stamp holds the flags
 # and the patches' hash). Logs and JSON go to $OUT. RESUME=0 skips the resume tests, BIG=0 the
-# model with the real PLE geometry (BIG_GIB: its table's size, 4 GiB).
+# model with the real PLE geometry (BIG_GIB: its table's size, 4 GiB); ROUNDS=N alternates the
+# modes N times; NOGRAPHS=0 leaves out the runs without CUDA graphs; SCHED_MODEL=M lists M's
+# graph splits instead of the tiny model's.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 source benchmarks/device_build.sh
@@ -39,28 +41,44 @@ decode() {  # tag, model, mode, extra args...
   timeout 120 python3 benchmarks/ple_decode.py --model "$model" --mode "$mode" --threads 1 "$@" \
     2> >(sed "s/^/$tag: /" >> "$out/decode.err") | tee -a "$out/decode.jsonl" | sed "s/^/$tag /"
 }
-for mode in stock gpu gpu-python; do decode "${mode}_g0" "$VELO_TEST_QWEN" $mode --tokens 512; done
-for mode in stock gpu; do GGML_CUDA_DISABLE_GRAPHS=1 decode "${mode}_g1" "$VELO_TEST_QWEN" $mode --tokens 512; done
-# What splits a decode step: the scheduler's own listing of splits and node backends.
-for mode in stock gpu; do
-  GGML_SCHED_DEBUG=2 timeout 60 python3 benchmarks/ple_decode.py --model "$VELO_TEST_QWEN" \
-    --mode $mode --tokens 3 --prefill 8 --debug-log /tmp/sched_$mode.log > /dev/null 2>&1
-  { echo "== $mode"; grep -E "SPLIT|node #" /tmp/sched_$mode.log | tail -400; } >> "$out/sched.txt"
+# ROUNDS alternations of the modes (this VM's speed drifts between processes by 10-20%).
+for r in $(seq "${ROUNDS:-1}"); do
+  for mode in stock gpu gpu-python; do decode "tiny_${mode}_r$r" "$VELO_TEST_QWEN" $mode --tokens 512; done
 done
+if [ "${NOGRAPHS:-1}" = 1 ]; then
+  for mode in stock gpu; do
+    GGML_CUDA_DISABLE_GRAPHS=1 decode "tiny-nographs_${mode}" "$VELO_TEST_QWEN" $mode --tokens 512
+  done
+fi
 # The real PLE geometry (160-value IQ4_NL rows, 16 heads, a 4 GiB table in host memory).
 if [ "${BIG:-1}" = 1 ]; then
   timeout 150 python3 benchmarks/ple_big_model.py /tmp/ple-big.gguf --tokenizer "$VELO_TEST_QWEN" \
     --table-gib "${BIG_GIB:-4}" 2>&1 | tail -2
-  for mode in stock gpu gpu-python; do
-    decode "big_$mode" /tmp/ple-big.gguf $mode --tokens 256 --prefill 2048
+  for r in $(seq "${ROUNDS:-1}"); do
+    for mode in stock gpu gpu-python; do
+      decode "big_${mode}_r$r" /tmp/ple-big.gguf $mode --tokens 256 --prefill 2048
+    done
   done
 fi
 
+# What splits a decode step: the scheduler's own listing of splits and node backends.
+for mode in stock gpu; do
+  GGML_SCHED_DEBUG=2 timeout 60 python3 benchmarks/ple_decode.py --model "${SCHED_MODEL:-$VELO_TEST_QWEN}" \
+    --mode $mode --tokens 3 --prefill 8 --debug-log /tmp/sched_$mode.log > /dev/null 2>&1
+  { echo "== $mode"; grep -E "SPLIT|\[  CPU" /tmp/sched_$mode.log | tail -100; } >> "$out/sched.txt"
+done
 python3 - "$out" <<'PY'
-import json, sys, pathlib
+import collections, json, statistics, sys, pathlib
+rows = collections.defaultdict(list)
 for line in (pathlib.Path(sys.argv[1]) / "decode.jsonl").read_text().splitlines():
     d = json.loads(line)
-    print(f"{d['mode']:11} {d['tok_s']:8} tok/s  median {d['step_us_median']} us  splits {d['splits_pp_tg']}"
-          f"  reused {d['graphs_reused']}  prefill {d['prefill_tokens']} in {d['prefill_s']} s"
+    model = "big" if d["prefill_tokens"] == 2048 else "tiny"
+    rows[(model, d["mode"])].append(d)
+for (model, mode), ds in rows.items():
+    rates = [d["tok_s"] for d in ds]
+    d = ds[-1]
+    print(f"{model:4} {mode:11} tok/s median {statistics.median(rates):7.1f} runs {rates}"
+          f"  step {d['step_us_median']} us  splits {d['splits_pp_tg']}  reused {d['graphs_reused']}"
+          f"  prefill {d['prefill_tokens']}: {[x['prefill_s'] for x in ds]} s  argmax {d['argmax_digest']}"
           f"  py-calls {d.get('python_calls')} gathers {d.get('gathers')} cb {d.get('callback_us_mean')} us")
 PY

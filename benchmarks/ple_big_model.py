@@ -6,7 +6,12 @@ The tiny test model's PLE table is 4,096 f32 rows of 32 values: its CPU gather c
 nothing, so it cannot show what the GPU gather saves. This one has the real model's geometry
 where it matters for the gather: rows of 160 IQ4_NL values (90 bytes), 16 heads per token
 (n-gram 3, 8 heads per n-gram), n_embd 2560, and a table of several GiB in host memory. The
-rest is the tiny model's shape (4 layers, small experts), so it writes in about a minute.
+other shapes are ones llama.cpp's CUDA backend runs whole (attention head dim 128, which its
+flash attention supports, and recurrent conv channels a multiple of 128, which its SSM_CONV
+needs; the tiny model's 32 and 64 fall back to the CPU and split its decode graph 10 ways), so
+a decode step has one graph split with the provider and two without: what the provider removes
+is what is measured. The rest is the tiny model's shape (4 layers, small experts), so it writes
+in a minute.
 `--tokenizer` takes any GGUF with a tokenizer (the tiny model's will do). The table's bytes are
 random, with each block's scale set to a small finite f16 (a random scale could be inf or NaN).
 """
@@ -23,6 +28,15 @@ from tests.support import tiny_qwen4exp
 from tests.support.ple_table import GGML_TYPES, PleTableData
 
 IQ4_NL_BLOCK_BYTES, IQ4_NL_BLOCK_VALUES = 18, 32
+
+# the generator's fixed geometry, changed where CUDA would otherwise run an op on the CPU
+REAL_SHAPES = {
+    "HEAD_DIM": 128,
+    "N_ROT": 64,
+    "ROPE_SECTIONS": (11, 11, 10, 0),  # sums to N_ROT / 2
+    "IDX_DIM": 64,  # the indexer key must be at least N_ROT long
+    "SSM_STATE": 128,  # conv channels 2 * 128 + 2 * 128 = 512
+}
 
 
 def random_iq4_nl_table(rng: np.random.Generator, n_rows: int, row_dim: int) -> PleTableData:
@@ -50,6 +64,8 @@ def main() -> None:
 
     t0 = time.perf_counter()
     tiny_qwen4exp.make_ple_table = table  # type: ignore[assignment]
+    for name, value in REAL_SHAPES.items():
+        setattr(tiny_qwen4exp, name, value)
     tiny_qwen4exp.build_tiny_qwen4exp(
         args.out,
         tokenizer_gguf=args.tokenizer,

@@ -4,7 +4,8 @@ callback), every layer on the GPU, measured around each llama_decode call.
 
     python benchmarks/ple_decode.py --model M.gguf --mode gpu [--tokens 512] [--threads 1]
 
-Prints one JSON object: decode tok/s (tokens / summed llama_decode time), the median and 90th
+Prints one JSON object (`argmax_digest`: a digest of each step's most likely next token, equal
+across modes when the gathers agree): decode tok/s (tokens / summed llama_decode time), the median and 90th
 percentile microseconds of one step, graphs reused, the graph splits of a decode step (from
 llama.cpp's log when the context is made), the seconds of a prefill (`--prefill`, 512 tokens),
 and for the provider the mean microseconds of a Python callback and how many gathers ran. Run
@@ -16,6 +17,7 @@ split and the backend of each node, which shows what splits a decode step).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import re
@@ -93,11 +95,13 @@ def main() -> None:
     launches0 = model.ple.launches if model.ple else 0
     steps = []
     tok = 1000
+    argmax: list[int] = []
     for _ in range(args.tokens):
         t = time.perf_counter()
         rc = ctx.decode_one(tok)
         steps.append(time.perf_counter() - t)
         assert rc == 0, rc
+        argmax.append(int(np.argmax(ctx.logits_at(-1))))  # outside the timing
         tok = 100 + (tok * 7919) % 7900  # a fixed token stream: no sampling in the timing
     ple = model.ple
     out = {
@@ -109,6 +113,7 @@ def main() -> None:
         "step_us_median": round(statistics.median(steps) * 1e6, 1),
         "step_us_p90": round(sorted(steps)[int(0.9 * len(steps))] * 1e6, 1),
         "graphs_reused": ctx.perf().n_reused,
+        "argmax_digest": hashlib.sha1(json.dumps(argmax).encode()).hexdigest()[:12],
         "splits_pp_tg": splits,
         "prefill_tokens": args.prefill,
         "prefill_s": round(prefill_s, 4),
