@@ -11,20 +11,26 @@
 #
 # Each model runs `bench --spec` under three profiles (every layer on the GPU, n_ctx 4096, greedy,
 # decode on 1 thread: docs/threads.md):
-#   on      speculation enabled, prefill threads "auto" (the usable cores)
-#   on-b1   the same with n_threads_batch = 1 (the verify batches' threads, a cross-check)
+#   on      speculation enabled, prefill threads "auto" (the usable cores); verify batches run
+#           on the decode thread (the engine's choice with every layer on the GPU), and the
+#           section also times them on the prefill threads (`cost_on_prefill_threads`)
+#   on-b1   the same with n_threads_batch = 1: a cross-check of the verify threads
 #   off     speculation disabled: the plain decode rate of a context made without it (on a
 #           hybrid model `on` keeps max_draft recurrent-state snapshots; `off`'s own "on" column
 #           drafts nothing there)
 # `bench --spec` rows: copy-edit and novel (real turns, off and on alternately), replay (the
 # novel prompt's reply decoded again with that reply in the draft source: the best case on this
 # backend, meaningful with random weights too), the verify-batch cost against one token, and the
-# speedup limit it sets.
+# speedup limit it sets. The tiny model's weights are random: it copies nothing and does not
+# loop either (greedy, 1,024 tokens past its end-of-generation token, on the CPU), so its
+# copy-edit and novel rows draft nothing and measure only what speculation costs; replay shows
+# what it gives when the reply does repeat session text.
 #
-# Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no new
-# run starts after this many seconds, default 170), SPEC_PLE (the tiny model's ple_gather, default
-# "auto"). SPEC_LOCAL=1 runs the same logic on this machine's .venv with the layers on the CPU and
-# no build or GPU (a dry run of the script; use small SPEC_TOKENS).
+# Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no
+# new bench run starts after this many seconds from the end of the build, default 170),
+# SPEC_PLE (the tiny model's ple_gather, default "auto"). SPEC_LOCAL=1 runs the same logic on
+# this machine's .venv with the layers on the CPU and no build or GPU (a dry run of the script;
+# use small SPEC_TOKENS).
 # At most 8 files come back from the device: $OUT holds summary.txt, results.jsonl (every run's
 # JSON, one line each), logits.jsonl, tests.log, bench.err and build.log (only when it built).
 set -uo pipefail
@@ -39,6 +45,7 @@ else
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 fi
 echo "build done at $(( $(date +%s) - t_start )) s; $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
+t_start=$(date +%s)  # SPEC_BUDGET_S counts from here (a cold CUDA build takes ~270 s before it)
 tiny=${1:-$root/.device/tiny-qwen4exp.gguf}
 smol=${2:-}
 tokens=${SPEC_TOKENS:-512}; repeats=${SPEC_REPEATS:-3}; budget=${SPEC_BUDGET_S:-170}
@@ -105,8 +112,10 @@ for row in ("copy-edit", "novel", "replay"):
         print(f"  {row:>9}: off {r['tok_s_off']:8.1f} on {r['tok_s_on']:8.1f} tok/s = {r['speedup']}x"
               f" accept {r['acceptance']} tok/call {r['tokens_per_call']} tokens {r['decode_tokens']}"
               f" identical {r['identical']}  runs off {r['tok_s_off_runs']} on {r['tok_s_on_runs']}")
-print(f"  verify cost (one token {s['cost_1_ms']} ms): {s['cost']}; limit {s['limit_full']}x full,"
-      f" {s['limit_at_copy_acceptance']}x at copy-edit's acceptance")
+print(f"  verify cost (one token {s['cost_1_ms']} ms, {s.get('verify_threads')} threads): {s['cost']};"
+      f" limit {s['limit_full']}x full, {s['limit_at_copy_acceptance']}x at copy-edit's acceptance")
+if "cost_on_prefill_threads" in s:
+    print(f"  verify cost on the prefill threads: {s['cost_on_prefill_threads']}")
 PY
 }
 

@@ -101,6 +101,11 @@ class LiveSequence:
         """The next token from the logits of output `i` of the last batch (-1: the last)."""
         return sampler.sample(self._ctx.ctx, i)
 
+    def pick(self, sampler: Sampler, i: int) -> int:
+        """`sample(sampler, i)` for a verify batch's positions (`Sampler.pick`: the argmax in
+        place when the chain is greedy alone)."""
+        return sampler.pick(self._ctx.ctx, i)
+
     def logits(self, i: int = -1) -> np.ndarray:
         """A copy of the logits of output `i` of the last batch (tests compare them)."""
         return self._ctx.logits_at(i)

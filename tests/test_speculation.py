@@ -131,14 +131,34 @@ def test_draft_length_follows_acceptance_and_cost() -> None:
 def test_cost_model_skips_each_size_first_batch_and_caps_outliers() -> None:
     cost = CostModel(slope=0.5)
     cost.record(1, 0.001)
-    cost.record(2, 0.050)  # the first batch of two tokens: a new graph, not counted
-    assert cost.slope == 0.5
-    cost.record(2, 0.050)  # a descheduled batch: counts as at most MAX_SLOPE_SAMPLE
-    assert cost.slope == pytest.approx(0.5 + 0.2 * (speculation.MAX_SLOPE_SAMPLE - 0.5))
-    assert speculation.best_draft_length(1.0, 16, cost, 1.05) > 0  # one outlier does not end drafting
+    cost.record(5, 0.050)  # the first batch of five tokens: a new graph, not counted
+    assert cost.measured == {} and cost.relative(5) == 3.0  # the prior
+    cost.record(5, 0.050)  # a descheduled batch: counts as at most MAX_SLOPE_SAMPLE a token
+    assert cost.measured[5] == pytest.approx(1.0 + 4 * speculation.MAX_SLOPE_SAMPLE)
     for _ in range(30):
-        cost.record(2, 0.0011)
-    assert cost.slope == pytest.approx(0.1, abs=0.01)
+        cost.record(5, 0.0015)
+    assert cost.relative(5) == pytest.approx(1.5, abs=0.01)  # it follows the measured cost
+    assert cost.relative(3) == pytest.approx(1.25, abs=0.01)  # below: the line through the step
+
+
+def test_cost_model_fits_the_batches_not_the_one_token_step() -> None:
+    """A batch of two costs about two steps on SmolLM2's CPU path, one of 17 about 10.7: one
+    slope through the one-token step learnt at the short drafts would never draft again, while
+    17 tokens for 10.7 steps is a 1.6x gain at full acceptance."""
+    cost = CostModel(slope=0.8)
+    for _ in range(3):
+        cost.record(1, 0.010)
+        cost.record(2, 0.0206)
+    assert cost.relative(2) == pytest.approx(2.06)
+    # beyond the largest size measured it is optimistic, so a high acceptance tries a long draft
+    assert speculation.best_draft_length(0.95, 16, cost, 1.05) == 16
+    assert speculation.best_draft_length(0.3, 16, cost, 1.05) == 0  # novel text still does not
+    for _ in range(3):
+        cost.record(17, 0.107)
+    assert cost.relative(17) == pytest.approx(10.7)
+    assert cost.relative(9) == pytest.approx(2.06 + 7 * (10.7 - 2.06) / 15)  # on the line
+    assert speculation.best_draft_length(1.0, 16, cost, 1.05) == 16
+    assert speculation.best_draft_length(0.6, 16, cost, 1.05) == 0
 
 
 # -- exactness on SmolLM2 (attention) ---------------------------------------------------------
@@ -436,3 +456,24 @@ def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, f
     finally:
         plain.close()
         spec.close()
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen"])
+def test_greedy_pick_is_the_samplers_token(request, tmp_path: Path, model: str) -> None:
+    """A verify batch's positions read greedily in place (`Sampler.pick`) give the tokens the
+    sampler chain gives; a chain with a repeat penalty goes through the chain."""
+    from velo_chat.engine.config.profile_schema import SamplingSettings
+    from velo_chat.engine.sampling import Sampler
+
+    path = request.getfixturevalue(f"{model}_path")
+    with _engine(path, tmp_path, spec=True) as engine:
+        model_, _ctx, live = engine._require()
+        prompt = engine.tokens_for(PROSE)
+        live.extend(prompt)
+        live.verify(prompt[:9])
+        with Sampler(SamplingSettings(temperature=0.0), model_.n_vocab) as greedy:
+            assert greedy._row is not None
+            picked = [live.pick(greedy, i) for i in range(9)]
+            assert picked == [live.sample(greedy, i) for i in range(9)]
+        with Sampler(SamplingSettings(temperature=0.0, repeat_penalty=1.3), model_.n_vocab) as penalised:
+            assert penalised._row is None
