@@ -299,3 +299,56 @@ def test_bad_row_id_fails_the_decode_in_the_c_launch(ple_models, caplog) -> None
 
     with pytest.raises(DecodeError, match="outside the table of 1 rows"):
         _run(ple_models["q8_0"], "gpu", 64, 2, caplog, plant=one_row)
+
+
+def _greedy_after(path: Path, mode: str, head: list[int], tail: list[int], n_new: int, state=None):
+    """Decode `head` (or restore `state`, saved after it), then `tail` in one batch, then
+    `n_new` greedy tokens on the `mode` path. Returns (state after head, tokens, last logits)."""
+    profile = test_profile(
+        path,
+        model={"n_gpu_layers": -1, "ple_gather": mode},
+        context={"n_ctx": 2048, "n_batch": 512, "n_ubatch": 512, "n_threads": 1, "n_threads_batch": 1},
+    )
+    model = LlamaModel(path, profile.model)
+    try:
+        assert model.ple_mode == mode, model.ple_reason
+        ctx = LlamaContext(model, profile.context, n_gpu_layers=-1)
+        try:
+            if state is None:
+                ctx.decode(head)
+            else:
+                assert ctx.set_state(state)
+                assert ctx.pos_max() == len(head) - 1
+            saved = ctx.get_state().copy()
+            ctx.decode(tail)
+            tokens: list[int] = []
+            for _ in range(n_new):
+                tokens.append(int(np.argmax(ctx.logits_at(-1))))
+                ctx.decode([tokens[-1]])
+            return saved, tokens, ctx.logits_at(-1).copy()
+        finally:
+            ctx.close()
+    finally:
+        model.close()
+
+
+@pytest.mark.gpu
+def test_checkpoints_move_between_the_stock_and_the_provider_path(ple_models) -> None:
+    """The checkpoint layout does not name the PLE path, so a state saved on one path must resume
+    on the other: the saved state holds the KV and recurrent state, which the two paths compute
+    the same. Checked both ways against an uninterrupted run, tokens and logits."""
+    if not _gpu_ready():
+        pytest.skip("needs a CUDA build and CuPy")
+    path = ple_models["iq4_nl"]
+    rng = np.random.default_rng(7)
+    head = [int(t) for t in rng.integers(100, 8000, size=96)]
+    tail = [int(t) for t in rng.integers(100, 8000, size=9)]
+    runs = {}
+    for mode in ("stock", "gpu"):
+        runs[mode] = _greedy_after(path, mode, head, tail, 24)
+    assert runs["stock"][1] == runs["gpu"][1]
+    assert len(set(runs["stock"][1])) > 3
+    for saved_on, resumed_on in (("stock", "gpu"), ("gpu", "stock")):
+        _, tokens, logits = _greedy_after(path, resumed_on, head, tail, 24, state=runs[saved_on][0])
+        assert tokens == runs[resumed_on][1], (saved_on, resumed_on)
+        np.testing.assert_allclose(logits, runs[resumed_on][2], rtol=0, atol=1e-4)
