@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
     bench.add_argument(
+        "--ple",
+        default="",
+        metavar="stock,gpu",
+        help="run the benchmark once per qwen4exp PLE path (ple_gather) and compare them",
+    )
+    bench.add_argument(
         "--spec",
         action="store_true",
         help="only compare decoding with and without n-gram speculation (copy-edit and novel code)",

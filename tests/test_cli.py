@@ -200,6 +200,9 @@ def test_default_model_missing_says_how_to_fix(bare_home):
     [
         (("sessions", "show", "zzzz"), "zzzz"),
         (("ask", "   "), "empty"),
+        (("bench", "--ple", "stock,cpu"), "--ple"),
+        (("bench", "--ple", "stock,stock"), "--ple"),
+        (("bench", "--ple", "stock,gpu", "--spec"), "--ple"),
     ],
 )
 def test_other_user_errors(velo_home, args, fragment):
@@ -245,3 +248,34 @@ def test_bench_json_reports_every_number(velo_home):
     s = data["sections"]["resume_session"]
     assert s["turns"] == 3 and s["disk_source"] == "disk" and s["history_reused"] >= 0.95
     assert 0 < s["disk_cached_tokens"] <= s["history_tokens"] < s["conversation_tokens"]
+
+
+def test_bench_ple_compares_the_two_paths(velo_home, qwen_path):
+    """`bench --ple stock,gpu` on a qwen4exp model: both runs, and the GPU path that cannot run
+    here (no CUDA) reported as run stock, with llama.cpp's reason, not silently."""
+    proc = run_cli(
+        "bench",
+        "--model",
+        str(qwen_path),
+        "--ple",
+        "stock,gpu",
+        "--json",
+        "--prefill-sizes",
+        "32",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--no-resume",
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert set(data["ple"]) == {"stock", "gpu"}
+    compare = data["comparison"]
+    assert compare["stock"]["ran"] == "stock" and compare["stock"]["decode_tok_s"] > 0
+    assert compare["gpu"]["decode_tok_s"] > 0 and compare["gpu"]["decode_ratio"] > 0
+    gpu_ple = data["ple"]["gpu"]["sections"]["ple"]
+    assert gpu_ple["mode"] == compare["gpu"]["ran"]
+    if gpu_ple["mode"] == "stock":  # a CPU build: the reason is said
+        assert "CUDA" in gpu_ple["reason"] or "GPU" in gpu_ple["reason"], gpu_ple
+    assert len(compare["lines"]) == 2 and compare["lines"][1].startswith("gpu")

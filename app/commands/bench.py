@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from velo_chat.engine.bench.remote import run_remote_bench
 from velo_chat.engine.bench.run import format_table, run_bench
+from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.engine import Engine
 
 from ..errors import UserError
@@ -24,10 +26,28 @@ def _sizes(raw: str, option: str = "--prefill-sizes", *, empty_ok: bool = False)
     return sizes
 
 
+PLE_MODES = ("stock", "gpu")
+
+
+def _ple_modes(raw: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in raw.split(",") if m.strip())
+    bad = [m for m in modes if m not in PLE_MODES]
+    if bad or len(set(modes)) != len(modes):
+        raise UserError(f"--ple takes distinct PLE paths from {', '.join(PLE_MODES)}, got {raw!r}")
+    return modes
+
+
 def run(args: argparse.Namespace) -> int:
     sizes = _sizes(args.prefill_sizes)
     thread_counts = _sizes(args.thread_counts, "--threads", empty_ok=True)
     profile = resolve_profile(args.bench_profile or args.profile)
+    ple_modes = _ple_modes(args.ple) if args.ple else ()
+    if ple_modes and (args.spec or profile.backend.kind == "remote"):
+        raise UserError(
+            "--ple compares the in-process engine's PLE paths: not with --spec or a remote profile"
+        )
+    if ple_modes:
+        return _run_ple(args, profile, ple_modes, sizes, thread_counts)
     quiet = args.json or not sys.stderr.isatty()
 
     def note(text: str) -> None:
@@ -66,3 +86,71 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("\r\033[K")
     print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))
     return 0
+
+
+def _run_ple(
+    args: argparse.Namespace,
+    profile: Profile,
+    modes: tuple[str, ...],
+    sizes: tuple[int, ...],
+    thread_counts: tuple[int, ...],
+) -> int:
+    """The whole benchmark once per PLE path (the model reloaded with `ple_gather` set), then
+    the two side by side: what a user with a qwen4exp model sends back (docs/ple.md)."""
+    results = []
+    for mode in modes:
+        p = dataclasses.replace(profile, model=dataclasses.replace(profile.model, ple_gather=mode))
+        engine = load_engine(p, args.model, quiet=True)
+        try:
+            assert isinstance(engine, Engine)  # a remote profile was refused above
+            results.append(
+                run_bench(
+                    engine,
+                    profile_name=f"{profile.name} (ple_gather = {mode})",
+                    prefill_sizes=sizes,
+                    decode_tokens=args.decode_tokens,
+                    repeats=args.repeats,
+                    resume_tokens=0 if args.no_resume else args.resume_tokens,
+                    load=args.load,
+                    load_same_session=args.load_same_session,
+                    thread_counts=thread_counts,
+                )
+            )
+        finally:
+            engine.close()
+    rows = [r.to_json() for r in results]
+    compare = ple_comparison(modes, rows)
+    if args.json:
+        print(json.dumps({"ple": dict(zip(modes, rows, strict=True)), "comparison": compare}, indent=2))
+    else:
+        for mode, result in zip(modes, results, strict=True):
+            print(f"== ple_gather = {mode}")
+            print(format_table(result))
+        print("== PLE paths side by side")
+        print("\n".join(compare["lines"]))
+    return 0
+
+
+def ple_comparison(modes: tuple[str, ...], rows: list[dict]) -> dict:
+    """Decode and prefill rates per PLE path, which path really ran (a refused GPU path runs
+    stock and says why), and each rate against the first path's."""
+    out: dict = {"lines": []}
+    base = rows[0]
+    for mode, row in zip(modes, rows, strict=True):
+        ple = row.get("sections", {}).get("ple", {})
+        decode = row["decode"]["tok_s"]
+        prefill = row["prefill"][-1]["tok_s"] if row.get("prefill") else None
+        ratio = decode / base["decode"]["tok_s"] if base["decode"]["tok_s"] else None
+        out[mode] = {
+            "ran": ple.get("mode"),
+            "decode_tok_s": decode,
+            "prefill_tok_s": prefill,
+            "decode_ratio": ratio,
+        }
+        out["lines"].append(
+            f"{mode:6} ran {ple.get('mode')}: decode {decode} tok/s"
+            + (f" ({ratio:.2f}x {modes[0]})" if ratio is not None and mode != modes[0] else "")
+            + (f", prefill {prefill} tok/s" if prefill is not None else "")
+            + f"; graphs {row['decode'].get('graphs_reused')}; {ple.get('reason')}"
+        )
+    return out
