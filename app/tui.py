@@ -1,4 +1,4 @@
-"""Start the TUI (a minimal placeholder until the TUI issue lands the real screens)."""
+"""Start the TUI with the active (or the named) profile: the app itself is `app.py`."""
 
 from __future__ import annotations
 
