@@ -71,7 +71,7 @@ profile smol-on '"auto"' true auto; profile smol-on-b1 1 true auto; profile smol
 export VELO_TEST_QWEN=$tiny VELO_TEST_GPU_LAYERS=$layers
 export VELO_TEST_CACHE=$home/test-data
 mkdir -p "$VELO_TEST_CACHE"
-select="qwen or ngram or draft_length or speculative_sampling or replay or cost_model or decode_threads"
+select="qwen or ngram or draft_length or speculative_sampling or replay or cost_model or decode_threads or bench_spec"
 if [ -n "$smol" ] && [ -f "$smol" ]; then
   ln -sf "$(cd "$(dirname "$smol")" && pwd)/$(basename "$smol")" \
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,9 +111,11 @@ for row in ("copy-edit", "novel", "replay"):
     if r:
         print(f"  {row:>9}: off {r['tok_s_off']:8.1f} on {r['tok_s_on']:8.1f} tok/s = {r['speedup']}x"
               f" accept {r['acceptance']} tok/call {r['tokens_per_call']} tokens {r['decode_tokens']}"
-              f" identical {r['identical']}  runs off {r['tok_s_off_runs']} on {r['tok_s_on_runs']}")
+              f" identical {r['identical']} graphs reused {r.get('graphs_reused')}"
+              f"  runs off {r['tok_s_off_runs']} on {r['tok_s_on_runs']}")
 print(f"  verify cost (one token {s['cost_1_ms']} ms, {s.get('verify_threads')} threads): {s['cost']};"
       f" limit {s['limit_full']}x full, {s['limit_at_copy_acceptance']}x at copy-edit's acceptance")
+print(f"  verify cost, each after another size (a new graph each time): {s.get('cost_alternating')}")
 if "cost_on_prefill_threads" in s:
     print(f"  verify cost on the prefill threads: {s['cost_on_prefill_threads']}")
 PY

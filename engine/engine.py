@@ -308,17 +308,19 @@ class Engine(EngineFacts):
         repeats: int,
         *,
         prefill_threads: bool = False,
+        alternate: bool = False,
     ) -> dict[int, float]:
         """Median seconds of a speculation verify batch of each size after the prompt of
         `messages` (`velo-chat bench --spec`); the live sequence is empty afterwards.
         `prefill_threads`: run the batches on the prefill threads even where verify batches
-        use the decode ones (every layer on the GPU), to measure what that choice saves."""
+        use the decode ones (every layer on the GPU), to measure what that choice saves;
+        `alternate`: each batch after one of another size (a new graph each time)."""
         _model, ctx, live = self._require()
         saved = ctx.verify_on_decode_threads
         ctx.verify_on_decode_threads = saved and not prefill_threads
         try:
             tokens = self.tokens_for(messages, self.template_variables())
-            return verify_batch_costs(live, tokens, sizes, repeats)
+            return verify_batch_costs(live, tokens, sizes, repeats, alternate=alternate)
         finally:
             ctx.verify_on_decode_threads = saved
 

@@ -338,23 +338,37 @@ class SpecStepper:
 
 
 def verify_batch_costs(
-    live: LiveSequence, prompt: Sequence[int], sizes: Sequence[int], repeats: int
+    live: LiveSequence, prompt: Sequence[int], sizes: Sequence[int], repeats: int, *, alternate: bool = False
 ) -> dict[int, float]:
     """Median seconds of one verify batch (logits for every position) of each size that fits
     `max_draft`, after decoding `prompt`; each sample leaves one more token in the context.
-    The benchmark sets these against one token (`velo-chat bench --spec`)."""
+    Each size is timed in a row after one untimed batch, so llama.cpp reuses the graph it built
+    for that shape, as for back-to-back verify batches of one length; `alternate` cycles
+    through the sizes instead, so every batch builds its graph anew, as for a verify after a
+    plain step or another length. The benchmark sets these against one token
+    (`velo-chat bench --spec`)."""
     live.clear()
     for pos in range(0, len(prompt), live.n_ubatch):
         live.extend(prompt[pos : pos + live.n_ubatch])
     filler = list(prompt[: max(sizes)])
     samples: dict[int, list[float]] = {n: [] for n in sizes if n - 1 <= live.max_draft and n <= len(filler)}
-    for _ in range(repeats):
+
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        live.verify(filler[:n])
+        live.synchronize()
+        seconds = time.perf_counter() - t0
+        live.rollback(n - 1)
+        return seconds
+
+    if alternate:
+        for _ in range(repeats):
+            for n, got in samples.items():
+                got.append(timed(n))
+    else:
         for n, got in samples.items():
-            t0 = time.perf_counter()
-            live.verify(filler[:n])
-            live.synchronize()
-            got.append(time.perf_counter() - t0)
-            live.rollback(n - 1)
+            timed(n)
+            got.extend(timed(n) for _ in range(repeats))
     live.clear()
     return {n: statistics.median(v) for n, v in samples.items()}
 
@@ -368,6 +382,7 @@ class ReplayResult:
     spec_s: float  # the same with speculation
     identical: bool  # the same tokens both ways
     counters: SpecCounters = field(default_factory=SpecCounters)
+    graphs_reused: int = 0  # llama.cpp graphs reused by the speculative run's decode calls
 
 
 def replay_decode(
@@ -402,9 +417,11 @@ def replay_decode(
     with sampler() as s:
         stepper = SpecStepper(live, s, settings, [*prompt, *plain])
         out = [live.sample(s)]
+        reused = live.perf().n_reused
         t0 = time.perf_counter()
         while len(out) < n:
             out.extend(stepper.step(out[-1], n - len(out)))
         spec_s = time.perf_counter() - t0
+        reused = live.perf().n_reused - reused
     live.clear()
-    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters)
+    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters, reused)

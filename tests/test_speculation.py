@@ -451,6 +451,7 @@ def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, f
         assert spec.threads_now == (1, 2)
         costs = spec.verify_batch_costs(PROSE, (1, 2, 3), 1, prefill_threads=True)
         assert set(costs) == {1, 2, 3} and ctx.verify_on_decode_threads  # put back
+        assert set(spec.verify_batch_costs(PROSE, (1, 2, 3), 2, alternate=True)) == {1, 2, 3}
         forced(_oracle(spec, PROSE, a[0]))
         assert _run(spec, PROSE, max_tokens=40, ignore_eos=True)[0] == a[0]
     finally:
@@ -477,3 +478,22 @@ def test_greedy_pick_is_the_samplers_token(request, tmp_path: Path, model: str) 
             assert picked == [live.sample(greedy, i) for i in range(9)]
         with Sampler(SamplingSettings(temperature=0.0, repeat_penalty=1.3), model_.n_vocab) as penalised:
             assert penalised._row is None
+
+
+def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
+    """`velo-chat bench --spec`'s section end to end on the tiny model (a few tokens): every row,
+    identical text, the cost tables, and the lines it prints."""
+    from velo_chat.engine.bench.spec import format_spec_lines, spec_section
+
+    with _engine(qwen_path, tmp_path, spec=True, context={"n_ctx": 4096}) as engine:
+        s = spec_section(engine, decode_tokens=24, repeats=1, note=lambda _line: None)
+        for row in ("copy-edit", "novel", "replay"):
+            assert s[row]["identical"] and s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
+        assert s["replay"]["decode_tokens"] == 24 and s["replay"]["drafted"] > 0
+        assert set(s["cost"]) == set(s["cost_alternating"]) == {"1", "2", "3", "5", "9"}  # max_draft 8
+        gpu = engine._require()[1].thread_plan.gpu_resident
+        assert s["verify_threads"] == ("decode" if gpu else "prefill")
+        assert s["limit_full"] >= 1.0
+        text = "\n".join(format_spec_lines(s))
+        assert "replay" in text and "a new graph each time" in text
+        assert engine.profile.speculation.enabled  # put back as loaded

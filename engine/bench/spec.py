@@ -4,9 +4,12 @@ Two workloads built from a real source file (the standard library's `colorsys.py
 not written for this): **copy-edit** gives the file and asks for it back with one function
 renamed (the reply repeats the prompt: drafts should be accepted), **novel** asks for new code
 (little to draft from). Each runs greedy with speculation off and on, in the same engine and
-context; the replies must be the same text. The section also times one verify batch of k
-tokens against one token (`cost`): where a batch of k costs about k steps (a small model on a
-CPU) no draft can pay much, and `limit` says how much at full and at the measured acceptance.
+context; the replies must be the same text. **replay** decodes the novel prompt's reply again
+with that reply in the draft source (the best case on the backend, for any model). The section
+also times one verify batch of k tokens against one token (`cost`, each size in a row so its
+graph is reused; `cost_alternating`, each after another size): where a batch of k costs about k
+steps (a small model on a CPU) no draft can pay much, and `limit` says how much at full and at
+the measured acceptance.
 """
 
 from __future__ import annotations
@@ -98,12 +101,18 @@ def spec_section(
                     decode_tokens=s.decode_tokens,
                     speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
                     identical=texts[False] == texts[True],
+                    graphs_reused=s.graphs_reused,
+                    graphs_reused_off=runs[False][-1].graphs_reused,
                 )
                 out[name] = row
             out["replay"] = _replay(engine, decode_tokens, repeats, note)
             note("speculation: cost of a verify batch")
             engine.reset()
             costs = engine.verify_batch_costs(workloads()["novel"], BATCH_SIZES, max(repeats, 5))
+            alternating = engine.verify_batch_costs(
+                workloads()["novel"], BATCH_SIZES, max(repeats, 5), alternate=True
+            )
+            out["cost_alternating"] = {str(k): round(v / costs[1], 3) for k, v in alternating.items()}
             out["verify_threads"] = engine.verify_threads
             threads = engine.threads_now
             if engine.verify_threads == "decode" and threads[0] != threads[1]:
@@ -149,6 +158,7 @@ def _replay(engine: Engine, decode_tokens: int, repeats: int, note: Callable[[st
         "decode_tokens": results[-1].tokens,
         "speedup": round(statistics.median(on) / statistics.median(off), 3),
         "identical": all(r.identical for r in results),
+        "graphs_reused": results[-1].graphs_reused,
     }
 
 
@@ -170,6 +180,9 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
         f"  verify batch of n tokens / one token ({s['cost_1_ms']:.1f} ms, "
         f"{s.get('verify_threads', 'prefill')} threads): {costs}"
     )
+    if "cost_alternating" in s:
+        alt = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost_alternating"].items())
+        lines.append(f"  the same, each after another size (a new graph each time): {alt}")
     if "cost_on_prefill_threads" in s:
         slower = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost_on_prefill_threads"].items())
         lines.append(f"  the same on the prefill threads: {slower}")
