@@ -14,6 +14,8 @@
 #   on      speculation enabled, prefill threads "auto" (the usable cores); verify batches run
 #           on the decode thread (the engine's choice with every layer on the GPU), and the
 #           section also times them on the prefill threads (`cost_on_prefill_threads`)
+#   on-p02  the same with batch_cost_prior = 0.2 (the default 0.8 is a CPU's cost: until two
+#           batches of a size are timed, a GPU turn's first ~15 tokens stay plain)
 #   on-b1   the same with n_threads_batch = 1: a cross-check of the verify threads
 #   off     speculation disabled: the plain decode rate of a context made without it (on a
 #           hybrid model `on` keeps max_draft recurrent-state snapshots; `off`'s own "on" column
@@ -27,7 +29,7 @@
 # what it gives when the reply does repeat session text.
 #
 # Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no
-# new bench run starts after this many seconds from the end of the build, default 170),
+# new bench run starts after this many seconds from the end of the build, default 200),
 # SPEC_PLE (the tiny model's ple_gather, default "auto"). SPEC_LOCAL=1 runs the same logic on
 # this machine's .venv with the layers on the CPU and no build or GPU (a dry run of the script;
 # use small SPEC_TOKENS).
@@ -48,7 +50,7 @@ echo "build done at $(( $(date +%s) - t_start )) s; $(nproc) cores; load $(cut -
 t_start=$(date +%s)  # SPEC_BUDGET_S counts from here (a cold CUDA build takes ~270 s before it)
 tiny=${1:-$root/.device/tiny-qwen4exp.gguf}
 smol=${2:-}
-tokens=${SPEC_TOKENS:-512}; repeats=${SPEC_REPEATS:-3}; budget=${SPEC_BUDGET_S:-170}
+tokens=${SPEC_TOKENS:-512}; repeats=${SPEC_REPEATS:-3}; budget=${SPEC_BUDGET_S:-200}
 home=$(mktemp -d /tmp/velo-spec-home.XXXXXX)
 export VELO_CHAT_HOME=$home
 mkdir -p "$home/config/profiles"
@@ -56,16 +58,19 @@ summary=$out/summary.txt; results=$out/results.jsonl
 : > "$summary"; : > "$results"
 say() { echo "$*" | tee -a "$summary"; }
 
-profile() {  # name, n_threads_batch, speculation enabled, ple_gather
+profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cost_prior
   {
     printf '[model]\nn_gpu_layers = %s\nple_gather = "%s"\n' "$layers" "$4"
     printf '[context]\nn_ctx = 4096\nn_threads = 1\nn_threads_batch = %s\nflash_attn = "on"\n' "$2"
-    printf '[sampling]\ntemperature = 0.0\n[speculation]\nenabled = %s\n' "$3"
+    printf '[sampling]\ntemperature = 0.0\n[speculation]\nenabled = %s\nbatch_cost_prior = %s\n' "$3" "$5"
   } > "$home/config/profiles/$1.toml"
 }
 ple=${SPEC_PLE:-auto}
-profile tiny-on '"auto"' true "$ple"; profile tiny-on-b1 1 true "$ple"; profile tiny-off '"auto"' false "$ple"
-profile smol-on '"auto"' true auto; profile smol-on-b1 1 true auto; profile smol-off '"auto"' false auto
+for m in tiny smol; do
+  p=auto; [ $m = tiny ] && p=$ple
+  profile $m-on '"auto"' true $p 0.8; profile $m-off '"auto"' false $p 0.8
+  profile $m-on-p02 '"auto"' true $p 0.2; profile $m-on-b1 1 true $p 0.8
+done
 
 # -- the tests with every layer on the GPU (SmolLM2's only when it is given) ----------------------
 export VELO_TEST_QWEN=$tiny VELO_TEST_GPU_LAYERS=$layers
@@ -121,14 +126,15 @@ if "cost_on_prefill_threads" in s:
 PY
 }
 
+# the most telling runs first: SPEC_BUDGET_S may leave the last ones out
 logits tiny "$tiny" tiny-on
-for p in on off on-b1; do bench "tiny-$p" "$tiny" "tiny-$p"; done
-if [ -n "$smol" ] && [ -f "$smol" ]; then
-  logits smol "$smol" smol-on
-  for p in on off on-b1; do bench "smol-$p" "$smol" "smol-$p"; done
-else
-  say "SmolLM2 skipped: no model at '${smol}' (pass its path as the second argument)"
-fi
+have_smol=0; [ -n "$smol" ] && [ -f "$smol" ] && have_smol=1
+[ $have_smol = 1 ] && logits smol "$smol" smol-on
+for p in on off on-p02 on-b1; do
+  bench "tiny-$p" "$tiny" "tiny-$p"
+  [ $have_smol = 1 ] && bench "smol-$p" "$smol" "smol-$p"
+done
+[ $have_smol = 1 ] || say "SmolLM2 skipped: no model at '${smol}' (pass its path as the second argument)"
 "$py" - "$out/logits.jsonl" <<'PY' | tee -a "$summary"
 import json, sys
 for line in open(sys.argv[1]):
