@@ -44,7 +44,7 @@ from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .thinking import ThinkingSupport, requested
 from .threads import ThreadPlan
 from .sampling import Sampler
-from .speculation import ReplayResult, replay_decode, verify_batch_costs
+from .spec_measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
@@ -324,6 +324,16 @@ class Engine(EngineFacts):
         finally:
             ctx.verify_on_decode_threads = saved
 
+    def verify_logit_differences(
+        self, messages: Sequence[ChatMessage], positions: int, sizes: Sequence[int]
+    ) -> dict[str, Any]:
+        """How a verify batch's logits differ from one-token decoding's, after the prompt of
+        `messages` (`spec_measure.batch_logit_differences`; `benchmarks/spec_logits.py`); the
+        live sequence is empty afterwards."""
+        live = self._require()[2]
+        tokens = self.tokens_for(messages, self.template_variables())
+        return batch_logit_differences(live, tokens, positions, sizes)
+
     @property
     def verify_threads(self) -> str:
         """Which threads a verify batch runs on: "decode" (every layer on the GPU) or "prefill"."""
@@ -331,7 +341,7 @@ class Engine(EngineFacts):
 
     def spec_replay(self, messages: Sequence[ChatMessage], n: int) -> ReplayResult:
         """`n` greedy tokens after the prompt of `messages`, plain and then speculative with the
-        plain reply in the draft source (`speculation.replay_decode`: the best case on this
+        plain reply in the draft source (`spec_measure.replay_decode`: the best case on this
         backend; `velo-chat bench --spec`). The speculation settings are the profile's, drafts
         fit what the context was made for; the live sequence is empty afterwards."""
         model, _ctx, live = self._require()

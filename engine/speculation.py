@@ -26,14 +26,16 @@ Cost control: drafting only pays where a batch of n tokens costs less than n one
 times the tokens it is expected to yield. The stepper keeps the measured time of each batch size
 and an acceptance estimate per match length, drafts the length with the best expected tokens per
 unit of time, and does not draft at all when none beats a plain step (novel text).
+
+What `velo-chat bench --spec` measures with it (verify-batch costs, the replay of a reply,
+batch against one-token logits) is in `spec_measure.py`.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .config.profile_schema import SpeculationSettings
 from .live_sequence import LiveSequence
@@ -335,93 +337,3 @@ class SpecStepper:
             if unused:
                 self.index.truncate(len(self.index) - unused)
         self._returned, self._rejected = stop + 1, 0
-
-
-def verify_batch_costs(
-    live: LiveSequence, prompt: Sequence[int], sizes: Sequence[int], repeats: int, *, alternate: bool = False
-) -> dict[int, float]:
-    """Median seconds of one verify batch (logits for every position) of each size that fits
-    `max_draft`, after decoding `prompt`; each sample leaves one more token in the context.
-    Each size is timed in a row after one untimed batch, so llama.cpp reuses the graph it built
-    for that shape, as for back-to-back verify batches of one length; `alternate` cycles
-    through the sizes instead, so every batch builds its graph anew, as for a verify after a
-    plain step or another length. The benchmark sets these against one token
-    (`velo-chat bench --spec`)."""
-    live.clear()
-    for pos in range(0, len(prompt), live.n_ubatch):
-        live.extend(prompt[pos : pos + live.n_ubatch])
-    filler = list(prompt[: max(sizes)])
-    samples: dict[int, list[float]] = {n: [] for n in sizes if n - 1 <= live.max_draft and n <= len(filler)}
-
-    def timed(n: int) -> float:
-        t0 = time.perf_counter()
-        live.verify(filler[:n])
-        live.synchronize()
-        seconds = time.perf_counter() - t0
-        live.rollback(n - 1)
-        return seconds
-
-    if alternate:
-        for _ in range(repeats):
-            for n, got in samples.items():
-                got.append(timed(n))
-    else:
-        for n, got in samples.items():
-            timed(n)
-            got.extend(timed(n) for _ in range(repeats))
-    live.clear()
-    return {n: statistics.median(v) for n, v in samples.items()}
-
-
-@dataclass
-class ReplayResult:
-    """Plain decoding against speculation drafting from the plain reply (`replay_decode`)."""
-
-    tokens: int  # tokens decoded each way
-    plain_s: float  # from the first sampled token to the last, plain
-    spec_s: float  # the same with speculation
-    identical: bool  # the same tokens both ways
-    counters: SpecCounters = field(default_factory=SpecCounters)
-    graphs_reused: int = 0  # llama.cpp graphs reused by the speculative run's decode calls
-
-
-def replay_decode(
-    live: LiveSequence,
-    sampler: Callable[[], Sampler],
-    settings: SpeculationSettings,
-    prompt: Sequence[int],
-    n: int,
-) -> ReplayResult:
-    """Decode `n` tokens after `prompt` plainly, then again with speculation whose draft source
-    also holds that plain reply, as if the session held the text the reply copies. This is the
-    best case a backend allows whatever the model (a random-weight one never repeats text by
-    itself): nearly every draft is accepted, and what is left is the verify batches' cost and
-    the stepper's own. `sampler()` makes a fresh sampler chain (deterministic: greedy or
-    seeded). The live sequence is empty afterwards."""
-
-    def prefill() -> None:
-        live.clear()
-        for pos in range(0, len(prompt), live.n_ubatch):
-            live.extend(prompt[pos : pos + live.n_ubatch])
-        live.synchronize()
-
-    prefill()
-    with sampler() as s:
-        plain = [live.sample(s)]
-        t0 = time.perf_counter()
-        while len(plain) < n:
-            live.append(plain[-1])
-            plain.append(live.sample(s))
-        plain_s = time.perf_counter() - t0
-    prefill()
-    with sampler() as s:
-        stepper = SpecStepper(live, s, settings, [*prompt, *plain])
-        out = [live.sample(s)]
-        reused = live.perf().n_reused
-        t0 = time.perf_counter()
-        while len(out) < n:
-            out.extend(stepper.step(out[-1], n - len(out)))
-        spec_s = time.perf_counter() - t0
-        reused = live.perf().n_reused - reused
-    live.clear()
-    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters, reused)

@@ -497,3 +497,24 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         text = "\n".join(format_spec_lines(s))
         assert "replay" in text and "a new graph each time" in text
         assert engine.profile.speculation.enabled  # put back as loaded
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen"])
+def test_verify_logit_differences(request, tmp_path: Path, model: str) -> None:
+    """`benchmarks/spec_logits.py`'s numbers: on the CPU, SmolLM2's batch logits are the
+    one-token ones to the bit; the hybrid model's chunked recurrence differs in the last bits
+    (docs/speculation.md), never enough to change an argmax here. On a GPU only the shape."""
+    path = request.getfixturevalue(f"{model}_path")
+    with _engine(path, tmp_path, spec=True) as engine:
+        d = engine.verify_logit_differences(PROSE, 12, (1, 2, 4, 8, 16))
+        # what a verify batch may hold: the hybrid model's max_draft 8 snapshots, any on SmolLM2
+        assert set(d["max_abs_diff"]) == ({2, 4, 8} if model == "qwen" else {2, 4, 8, 16})
+        assert d["positions"] == 12 and d["min_top2_gap"] >= 0
+        assert engine._require()[2].tokens == ()
+        if engine._require()[1].thread_plan.gpu_resident:
+            return  # CUDA's batch kernels: measured by benchmarks/spec_logits.py, not assumed
+        assert sum(d["argmax_differs"].values()) == 0
+        if model == "smollm2":
+            assert all(v == 0.0 for v in d["max_abs_diff"].values())
+        else:
+            assert all(v < 0.01 for v in d["max_abs_diff"].values())
