@@ -89,7 +89,7 @@ def main() -> None:
         "facts": {
             k: v
             for k, v in vars(facts).items()
-            if isinstance(v, (int, float, str, bool, list, tuple)) and k != "shards"
+            if isinstance(v, (int, float, str, bool, list, tuple)) and k not in ("shards", "spans")
         },
         "modes": [],
     }

@@ -94,6 +94,8 @@ GPU_CASES = {
     "qwen-stock": ("qwen", "stock", {}),
     "qwen-gpu-gather": ("qwen", "gpu", {}),
     "qwen-long-nofa": ("qwen", "auto", {"n_ctx": 8192, "n_ubatch": 512, "n_batch": 512, "flash_attn": "off"}),
+    # flash attention forced on for heads CUDA's kernels do not take: that op runs on the CPU
+    "qwen-fa-on-cpu": ("qwen", "stock", {"n_ctx": 8192, "n_ubatch": 32, "flash_attn": "on"}),
 }
 
 

@@ -23,6 +23,12 @@ def cuda_fa_kernel(facts: ModelFacts) -> bool:
     return (facts.head_dim_k, facts.head_dim_v) in CUDA_FA_HEADS
 
 
+def cuda_ssm_conv(facts: ModelFacts) -> bool:
+    """Whether CUDA runs the recurrent layers' conv: its kernel wants the channels in multiples
+    of 128 (ggml-cuda.cu). Otherwise llama.cpp keeps the conv weights and the op on the CPU."""
+    return facts.ssm_channels % 128 == 0
+
+
 def flash_attn_on(profile: Profile, facts: ModelFacts | None = None, cuda: bool = False) -> bool:
     """Whether llama.cpp runs the attention with flash attention. "auto" enables it on the CPU;
     on CUDA only for a head size CUDA's kernels take (llama.cpp checks where the op lands)."""
@@ -53,7 +59,8 @@ def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
     (the softmax overwrites them in place); the qwen4exp indexer's scores (per block and head
     before they are summed, then two f32 values per cell: the block scores spread over the
     cells and the mask added to them); the temporaries that remain (measured); on CUDA without
-    flash attention 4 B more (measured on the H200)."""
+    flash attention the mask twice: the scheduler copies the mask and its reshaped view to the
+    GPU apart."""
     parts: list[tuple[str, float]] = [("mask", 2 if fa else 4)]
     if not fa:
         parts.append((f"scores ({facts.n_head} heads x 4 B)", 4 * facts.n_head))
@@ -63,7 +70,7 @@ def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
         parts.append((f"indexer (max(2 x 4 B, {facts.indexer_heads} heads x 4 B / {r}) + 4 B / {r})", idx))
     parts.append(("temporaries", 0.3 if fa else 0.5))
     if cuda and not fa:
-        parts.append(("CUDA's own", 4))
+        parts.append(("mask's second GPU copy", 4))
     return _sum(parts)
 
 
@@ -80,8 +87,9 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     the logits of a full micro-batch (n_ubatch x n_vocab f32, plus 8 bytes per embedding value
     and token); an attention layer's scratch per (cached token, batch token) pair (`per_pair`),
     plus the indexer's block tables; and on qwen4exp the indexer pooling its keys over the whole
-    cache (gathered as f32 rows, then a block slice and the running block sum) while the mask and
-    the block bias are there: the peak of the one-token graph llama.cpp also reserves."""
+    cache (gathered as f32 rows, then a block slice and the running block sum) while the mask, the
+    block bias and, without flash attention, the scores are there: the peak of small micro-batches
+    and of the one-token graph llama.cpp also reserves."""
     ub = ubatch_of(profile)
     fa = flash_attn_on(profile, facts, cuda)
     logits = ub * (4 * facts.n_vocab + 8 * facts.n_embd)
@@ -96,10 +104,12 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     r = facts.indexer_ratio
     if r:
         d = facts.indexer_key_length
-        mask = (2 if fa else 4) * ub + 4 * ub / r  # the mask's and the block bias's rows
-        pool = int(n_ctx * (4 * d + 8 * d // r + mask)) + tables
+        # with the keys: the mask (twice on CUDA without flash attention), the scores without
+        # flash attention, and the block bias, for each batch token
+        with_keys = (2 if fa else 4 + 4 * facts.n_head + (4 if cuda else 0)) + 4 / r
+        pool = int(n_ctx * (4 * d + 8 * d // r + ub * with_keys)) + tables
         peaks.append(
-            f"indexer keys {n_ctx:,} x ({4 * d} + 2 x {4 * d // r} B + {mask:g} B mask, bias) = {fmt(pool)}"
+            f"indexer keys {n_ctx:,} x ({4 * d} + 2 x {4 * d // r} B + {ub} x {with_keys:g} B) = {fmt(pool)}"
         )
         best = max(best, pool)
     return best, "max(" + ", ".join(peaks) + ")"
@@ -133,32 +143,49 @@ def graph_inputs(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool 
         parts.append((f"block bias ({blocks:,} x {ub} x 4 B)", blocks * ub * 4))
     if facts.ple_heads:
         parts.append(("PLE row ids", 4 * ub * facts.ple_heads))
+    # every input is aligned to 32 B: cache rows and block tables are 2-3 and 3 tensors, and a
+    # recurrent model has its state rows too
+    n = len(parts) + (2 if facts.kv_layers else 0) + (2 if r else 0) + (1 if facts.recurrent_layers else 0)
+    parts.append((f"alignment ({n} inputs x 32 B)", 32 * n))
     total, formula = _sum(parts)
     return int(total), formula
 
 
 def cpu_split(profile: Profile, facts: ModelFacts, ple_gpu: bool) -> tuple[int, str]:
-    """What the CPU computes when every layer is on the GPU: llama.cpp keeps the input
-    embeddings on the CPU, so the first split gathers the micro-batch's token rows (f32) there,
-    and with the stock PLE gather the PLE rows too. The GPU PLE gather puts `token_embd` on the
-    GPU: no CPU split."""
-    if ple_gpu:
-        return 0, "no CPU split (the GPU PLE gather)"
+    """What the CPU computes when every layer is on the GPU, one split at a time (each split's
+    tensors are freed once copied to the GPU, so the largest split counts). llama.cpp keeps the
+    input embeddings on the CPU, so the first split gathers the micro-batch's token rows (f32)
+    there, and with the stock PLE gather the PLE rows too; the GPU PLE gather puts `token_embd`
+    on the GPU, and that split goes. Where CUDA's conv cannot take the recurrent layers'
+    channels (`cuda_ssm_conv`), each such layer's conv is a CPU split: its input (the conv
+    history and the micro-batch) and its output."""
     ub = ubatch_of(profile)
-    parts: list[tuple[str, float]] = [(f"token rows ({ub} x {facts.n_embd} x 4 B)", 4 * ub * facts.n_embd)]
-    if facts.ple_heads:
-        ple = 4 * ub * facts.ple_heads * facts.ple_head_dim
-        parts.append((f"PLE rows ({ub} x {facts.ple_heads} x {facts.ple_head_dim} x 4 B)", ple))
-    total, formula = _sum(parts)
-    return int(total), formula
+    splits: list[tuple[int, str]] = []
+    if not ple_gpu:
+        parts: list[tuple[str, float]] = [
+            (f"token rows ({ub} x {facts.n_embd} x 4 B)", 4 * ub * facts.n_embd)
+        ]
+        if facts.ple_heads:
+            ple = 4 * ub * facts.ple_heads * facts.ple_head_dim
+            parts.append((f"PLE rows ({ub} x {facts.ple_heads} x {facts.ple_head_dim} x 4 B)", ple))
+        total, formula = _sum(parts)
+        splits.append((int(total), f"the input split {formula}"))
+    if facts.recurrent_layers and not cuda_ssm_conv(facts):
+        c, k = facts.ssm_channels, facts.ssm_conv
+        conv = 4 * c * (ub + k - 1 + ub)
+        splits.append((conv, f"the conv split ({c} channels x ({ub} + {k - 1} + {ub}) x 4 B = {size(conv)})"))
+    if not splits:
+        return 0, "no CPU split"
+    return max(splits)
 
 
 def attention_on_cpu(profile: Profile, facts: ModelFacts, n_ctx: int) -> tuple[int, str]:
     """With flash attention on the CPU (`fa_on_cpu`), the host buffer also takes that split's
     inputs, copied from the GPU: Q, the K and V cache (the rows of every cell) and the combined
-    f16 mask. They go into the holes the graph inputs left once copied to the GPU (the KQ mask
-    and the block bias), each into the smallest hole it fits (ggml-alloc's best fit); what fits
-    in none adds to the buffer. (The output, Q's size, is left out: measured, it finds room.)"""
+    f16 mask. They go into the holes the graph inputs left once copied to the GPU (the KQ mask;
+    the block bias and the block tables, allocated side by side), each into the smallest hole it
+    fits (ggml-alloc's best fit); what fits in none adds to the buffer. (The output, Q's size, is
+    left out: measured, it finds room.)"""
     ub = ubatch_of(profile)
     ctx = profile.context
     q = 4 * ub * facts.n_head * facts.head_dim_k
@@ -166,8 +193,8 @@ def attention_on_cpu(profile: Profile, facts: ModelFacts, n_ctx: int) -> tuple[i
     v = n_ctx * row_bytes(ctx.type_v, facts.kv_v_width[0])
     mask = n_ctx * ub * 2
     holes = [mask]
-    if facts.indexer_ratio:
-        holes.append(-(-n_ctx // facts.indexer_ratio) * ub * 4)
+    if facts.indexer_ratio:  # the bias and the block tables are allocated side by side: one hole
+        holes.append(-(-n_ctx // facts.indexer_ratio) * ub * 4 + block_tables(facts, n_ctx))
     extra = 0
     for n in (q, k, v, mask):  # in the order ggml-alloc places them
         fits = [h for h in holes if h >= n]

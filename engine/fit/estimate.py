@@ -19,12 +19,13 @@ arithmetic, so the table can be followed by hand. The formulas follow llama.cpp'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.profile_schema import Profile
-from .compute import attention_on_cpu, compute_bytes, cpu_split, fa_on_cpu, graph_inputs
+from .compute import attention_on_cpu, compute_bytes, cpu_split, cuda_ssm_conv, fa_on_cpu, graph_inputs
 from .model_facts import ModelFacts
-from .sizes import GIB, MIB, fmt, row_bytes
+from .sizes import GIB, MIB, fmt, row_bytes, size
 
 N_CTX_PAD = 256  # llama.cpp pads n_ctx to this
 LAZY_AUTO_MIN = 4 * GIB  # lazy_mode "auto" keeps a PLE table this large on mmap
@@ -41,15 +42,21 @@ class Term:
     bytes: int
     place: str  # RAM, GPU or page cache
     formula: str  # the arithmetic, in words and numbers
+    # what llama.cpp's buffer line shows for it when that differs from the memory needed: the
+    # mapped file range of the CPU weights (`mapped_span`); None: `bytes`
+    logged: int | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "key": self.key,
             "label": self.label,
             "bytes": self.bytes,
             "place": self.place,
             "formula": self.formula,
         }
+        if self.logged is not None:
+            out["logged"] = self.logged
+        return out
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,19 @@ def ple_lazy(profile: Profile, facts: ModelFacts, integrated_gpu: bool) -> bool:
     return mode == "on" or (facts.ple_bytes > LAZY_AUTO_MIN and not integrated_gpu)
 
 
+def mapped_span(facts: ModelFacts, on_cpu: Callable[[str], bool]) -> int:
+    """The bytes llama.cpp maps for the CPU's weights with `use_mmap`: per shard, the file range
+    from its first CPU tensor to its last, GPU tensors in between included (llama-model.cpp:
+    `get_mapping_range`). Those pages are mapped, not all resident: only the CPU tensors' must
+    stay in the page cache, which is what the weights term counts."""
+    total = 0
+    for shard in {s.shard for s in facts.spans}:
+        mine = [s for s in facts.spans if s.shard == shard and on_cpu(s.group)]
+        if mine:
+            total += max(s.end for s in mine) - min(s.start for s in mine)
+    return total
+
+
 def estimate(
     profile: Profile,
     facts: ModelFacts,
@@ -124,23 +144,43 @@ def estimate(
     cpu_layers = [il for il in range(facts.n_layer) if not place.on_gpu(il)]
     out_gpu = place.on_gpu(facts.n_layer)
     embd_gpu = facts.token_embd_bytes if ple_gpu else 0  # the GPU gather's tensor override
-    cpu_w = facts.input_bytes - embd_gpu + sum(facts.layer_bytes[il] for il in cpu_layers)
+    # llama.cpp keeps the recurrent layers' conv weights on the CPU where CUDA's conv cannot
+    # take their channel count (it checks each weight's op on the layer's device)
+    conv_cpu_always = place.any_gpu and bool(facts.recurrent_layers) and not cuda_ssm_conv(facts)
+    conv_per_layer = facts.ssm_conv_bytes // max(len(facts.recurrent_layers), 1)
+    conv_moved = conv_per_layer * len([il for il in gpu_layers if il in facts.recurrent_layers])
+    conv_moved = conv_moved if conv_cpu_always else 0
+    cpu_w = facts.input_bytes - embd_gpu + sum(facts.layer_bytes[il] for il in cpu_layers) + conv_moved
     cpu_w += 0 if out_gpu else facts.output_bytes
     how = "mmap, must stay in the page cache" if profile.model.use_mmap else "read into RAM"
     with_input = " + input" if facts.input_bytes > embd_gpu else ""
+    logged = None
+    if profile.model.use_mmap and place.any_gpu:
+
+        def on_cpu(group: str) -> bool:
+            layer, _, part = group.partition(":")
+            if layer.isdigit():
+                return not place.on_gpu(int(layer)) or (part == "ssm_conv" and conv_cpu_always)
+            return {"token_embd": not ple_gpu, "ple": not lazy, "output": not out_gpu}.get(group, True)
+
+        logged = mapped_span(facts, on_cpu) - (0 if lazy else facts.ple_bytes)
+        how += f"; llama.cpp maps {fmt(logged + (0 if lazy else facts.ple_bytes))} (`mapped_span`)"
     terms.append(
         Term(
             "weights_cpu",
             f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'}{with_input})",
             cpu_w,
             RAM,
-            f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s); {how}",
+            f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s)"
+            + (f" (+ {size(conv_moved)} conv weights CUDA's conv cannot take)" if conv_moved else "")
+            + f"; {how}",
+            logged,
         )
     )
     if place.any_gpu:
         gpu_w = sum(facts.layer_bytes[il] for il in gpu_layers) + (facts.output_bytes if out_gpu else 0)
         tied = out_gpu and facts.tied_output
-        gpu_w += (facts.token_embd_bytes if tied else 0) + embd_gpu
+        gpu_w += (facts.token_embd_bytes if tied else 0) + embd_gpu - conv_moved
         terms.append(
             Term(
                 "weights_gpu",
@@ -229,9 +269,9 @@ def estimate(
             work_f = f"the CPU layers' {work_f} (not measured with a GPU)"
         else:
             work, work_f = cpu_split(profile, facts, ple_gpu)
-        if fa_on_cpu(profile, facts, cuda=True):
+        if fa_on_cpu(profile, facts, cuda=True):  # one more CPU split: the largest counts
             fa_extra, fa_f = attention_on_cpu(profile, facts, n_ctx)
-            work, work_f = work + fa_extra, f"{work_f}; {fa_f}"
+            work, work_f = max(work, fa_extra), f"the larger of {work_f} and {fa_f}"
         terms.append(
             Term(
                 "compute_cpu",

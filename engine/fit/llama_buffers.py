@@ -119,8 +119,10 @@ _GROUPS = {
 
 def compare(terms: Sequence[Term], buffers: Buffers) -> list[Comparison]:
     """Each term of the estimate next to the buffers llama.cpp logged for it (host buffers,
-    pinned ones included, count as CPU; the output buffer is always host memory)."""
-    by_key = {t.key: t.bytes for t in terms}
+    pinned ones included, count as CPU; the output buffer is always host memory). A term whose
+    log line shows another figure than the memory it needs (`Term.logged`: the mapped range of
+    the CPU weights) is compared by that figure."""
+    by_key = {t.key: t.bytes if t.logged is None else t.logged for t in terms}
     out = []
     for (what, device), (kind, keys) in _GROUPS.items():
         est = sum(by_key.get(k, 0) for k in keys)

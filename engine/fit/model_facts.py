@@ -28,6 +28,17 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class Span:
+    """Where a tensor's data lies in its shard: llama.cpp maps the range that covers its CPU
+    tensors, so with a GPU the mapped buffer it logs can be larger than those tensors."""
+
+    shard: int
+    group: str  # "token_embd", "input", "ple", "output", the layer ("3"), or "3:ssm_conv" (its conv weights)
+    start: int  # file offset
+    end: int
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """Sizes and shapes for the estimate. Byte counts are the tensors' sizes, each rounded up to
     the GGUF alignment as llama.cpp's CPU buffers hold them."""
@@ -66,6 +77,10 @@ class ModelFacts:
     hc: int = 1  # hyper-connection streams: the residual is hc x n_embd wide
     head_dim_k: int = 0  # values per attention head (attention.key_length, else n_embd / n_head)
     head_dim_v: int = 0
+    ssm_conv: int = 0  # the recurrent layers' conv kernel (ssm.conv_kernel)
+    ssm_channels: int = 0  # values per token the conv reads (inner + 2 x groups x state)
+    ssm_conv_bytes: int = 0  # the recurrent layers' conv weights (blk.N.ssm_conv1d), all layers
+    spans: tuple[Span, ...] = ()  # every tensor's data range, for the mapped buffer
 
     @property
     def file_bytes(self) -> int:
@@ -105,7 +120,9 @@ def read_facts(path: Path) -> ModelFacts:
     ple_shard: Path | None = None
     names: dict[str, gguf_file.TensorInfo] = {}
     layer_tensors: dict[int, set[str]] = {}
-    for h in headers:
+    spans: list[Span] = []
+    conv_bytes = 0
+    for shard, h in enumerate(headers):
         align = (
             _int(h.metadata, "general.alignment", gguf_file.DEFAULT_ALIGNMENT) or gguf_file.DEFAULT_ALIGNMENT
         )
@@ -117,14 +134,24 @@ def read_facts(path: Path) -> ModelFacts:
                 il = int(m.group(1))
                 layer_bytes[il] += size
                 layer_tensors.setdefault(il, set()).add(t.name[m.end() :])
+                group = str(il)
+                if t.name.endswith(".ssm_conv1d.weight"):
+                    conv_bytes += size
+                    group = f"{il}:ssm_conv"
             elif t.name == PLE_TENSOR:
                 ple_bytes, ple_offset, ple_shard = size, h.data_offset + t.offset, h.path
+                group = "ple"
             elif t.name.startswith(INPUT_TENSORS):
                 input_bytes += size
+                group = "input"
                 if t.name == "token_embd.weight":
                     token_embd = size
+                    group = "token_embd"
             else:
                 output_bytes += size
+                group = "output"
+            start = h.data_offset + t.offset
+            spans.append(Span(shard, group, start, start + (gguf_file.tensor_nbytes(t) or 0)))
 
     embd = names.get("token_embd.weight")
     n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else _int(meta, a + "vocab_size")
@@ -199,6 +226,10 @@ def read_facts(path: Path) -> ModelFacts:
         ple_heads=(ple_ngram - 1) * _int(meta, a + "ple.heads_per_ngram", 1) if ple_conv_state else 0,
         ple_head_dim=_int(meta, a + "embedding_length_per_layer_input") if ple_bytes else 0,
         hc=hc,
+        ssm_conv=conv,
+        ssm_channels=inner + 2 * groups * state if conv else 0,
+        ssm_conv_bytes=conv_bytes,
+        spans=tuple(spans),
         head_dim_k=key_length or n_embd // max(n_head, 1),
         head_dim_v=value_length or key_length or n_embd // max(n_head, 1),
     )
