@@ -1,6 +1,7 @@
 """The fit check: its estimate against what llama.cpp really allocates (the buffer sizes it logs)
-for SmolLM2 and the tiny qwen4exp on the CPU, term by term within 10%; a profile that cannot
-fit refused by the CLI with its table (exit 2) and loaded with --force."""
+for SmolLM2 and the tiny qwen4exp on the CPU, and on the GPU machine with every layer offloaded
+(stock and GPU PLE gather), term by term within 10%; a profile that cannot fit refused by the
+CLI with its table (exit 2) and loaded with --force."""
 
 from __future__ import annotations
 
