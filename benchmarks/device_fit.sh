@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fit check's GPU terms on the device machine (H200): the `gpu` fit test, the fit sweep with
-# every layer on the GPU (stock and GPU PLE gather, 24 contexts each), and `velo-chat doctor`,
-# in one call of about a minute once the CUDA build exists.
+# every layer on the GPU (stock and GPU PLE gather, 42 contexts each), the same sweep of a wider
+# model with shapes CUDA runs whole, and `velo-chat doctor`: one call of about a minute once the
+# CUDA build exists.
 #
 #   bash benchmarks/device_fit.sh        (run from the repo root; carry: .device)
 #
@@ -9,12 +10,15 @@
 # matches, else built: minutes), so it can follow device_ple.sh in the same call or run alone.
 # Inputs in .device/ (benchmarks/prepare_device.sh): the sdist, whl/*.whl with gguf (the test's
 # split-model helper imports it; installed here when a reused build lacks it), and
-# tiny-qwen4exp.gguf. Writes five files to $OUT/fit/:
+# tiny-qwen4exp.gguf. Writes seven files to $OUT/fit/:
 #   tests.log    pytest -k "on_the_gpu and qwen" with VELO_TEST_GPU_LAYERS=-1
 #   sweep.json   benchmarks/fit_sweep.py --out, stock and GPU PLE gather, n_ubatch 1-512: every
 #                context's settings, terms, buffer lines, graph nodes/splits, sched copies; the
 #                scheduler's split assignment (GGML_SCHED_DEBUG=2) for four contexts at n_ctx 8192
 #   sweep.log    the sweep's summary and stderr
+#   big.json     the sweep of benchmarks/ple_big_model.py's model (2560 wide, head dim 128, conv
+#                channels 512, a 20 MiB PLE table), n_ubatch 1-512, n_ctx 512-16384
+#   big.log      its writing and the sweep's summary
 #   doctor.txt   `velo-chat doctor --profile fit` (text, then stderr, then the exit code)
 #   doctor.json  `velo-chat doctor --profile fit --json`
 set -uo pipefail
@@ -37,6 +41,14 @@ timeout 90 python3 benchmarks/fit_sweep.py "$VELO_TEST_QWEN" --gpu-layers -1 --o
   --ubatch 1,16,32,64,128,256,512 --sched-debug "off,512,8192;on,512,8192;on,32,8192;on,1,8192" \
   > "$fit/sweep.log" 2>&1
 echo "fit: sweep rc $? after $(( $(date +%s) - t0 )) s"; tail -12 "$fit/sweep.log"
+
+# a qwen4exp with shapes CUDA runs whole (head dim 128, conv channels 512) and 2560 wide: no CPU
+# split but the input one, as a real model; a small PLE table, so it writes in seconds
+timeout 60 python3 benchmarks/ple_big_model.py /tmp/fit-big.gguf --tokenizer "$VELO_TEST_QWEN" \
+  --table-gib 0.02 > "$fit/big.log" 2>&1 &&
+  timeout 90 python3 benchmarks/fit_sweep.py /tmp/fit-big.gguf --gpu-layers -1 --out "$fit/big.json" \
+    --ubatch 1,64,512 --ctx 512,4096,16384 --sched-debug "on,512,4096" >> "$fit/big.log" 2>&1
+echo "fit: big model rc $? after $(( $(date +%s) - t0 )) s"; tail -12 "$fit/big.log"
 
 # doctor on the tiny model: the device has no default model, so a profile names it
 mkdir -p "$VELO_CHAT_HOME/config/profiles"

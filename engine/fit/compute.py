@@ -85,7 +85,8 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     """llama.cpp's compute buffer (on the CPU, or the GPU's when every layer is offloaded),
     estimated. The graph allocator reuses memory, so the buffer is the largest of its peaks:
     the logits of a full micro-batch (n_ubatch x n_vocab f32, plus 8 bytes per embedding value
-    and token); an attention layer's scratch per (cached token, batch token) pair (`per_pair`),
+    and token); with hyper-connections, the activations of the hc-wide residual; an attention
+    layer's scratch per (cached token, batch token) pair (`per_pair`),
     plus the indexer's block tables; and on qwen4exp the indexer pooling its keys over the whole
     cache (gathered as f32 rows, then a block slice and the running block sum) while the mask, the
     block bias and, without flash attention, the scores are there: the peak of small micro-batches
@@ -102,6 +103,14 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     peaks = [logits_f, f"attention {n_ctx:,} x {ub} x ({pair_f}) = {fmt(attn)}"]
     best = max(logits, attn)
     r = facts.indexer_ratio
+    if facts.hc > 1:
+        # a hyper-connection model's residual is hc x n_embd wide, and around its MoE about six
+        # such rows per token are alive at once (measured on a 2560-wide qwen4exp: 12 x n_embd
+        # x 4 B per token), with the mask's and the block bias's rows still there
+        rows = (2 if fa else 4) + (4 / r if r else 0)
+        act = int(ub * 4 * 6 * facts.hc * facts.n_embd + n_ctx * ub * rows) + tables
+        peaks.append(f"activations {ub} x 6 x {facts.hc} x {facts.n_embd} x 4 B + mask, bias = {fmt(act)}")
+        best = max(best, act)
     if r:
         d = facts.indexer_key_length
         # with the keys: the mask (twice on CUDA without flash attention), the scores without
