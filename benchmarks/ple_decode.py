@@ -59,7 +59,7 @@ def main() -> None:
         logging.getLogger("velo_chat.llama").addHandler(debug)
         logging.getLogger("velo_chat.llama").setLevel(logging.DEBUG)
     lines = _Lines()
-    mode = "gpu" if args.mode == "gpu-python" else args.mode
+    mode = "gpu" if args.mode.startswith("gpu") else args.mode
     ple_provider.PleProvider.NATIVE = args.mode != "gpu-python"
     logging.getLogger("velo_chat").addHandler(lines)
     logging.getLogger("velo_chat").setLevel(logging.INFO)
