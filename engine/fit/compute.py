@@ -85,8 +85,8 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     """llama.cpp's compute buffer (on the CPU, or the GPU's when every layer is offloaded),
     estimated. The graph allocator reuses memory, so the buffer is the largest of its peaks:
     the logits of a full micro-batch (n_ubatch x n_vocab f32, plus 8 bytes per embedding value
-    and token); with hyper-connections, the activations of the hc-wide residual; an attention
-    layer's scratch per (cached token, batch token) pair (`per_pair`),
+    and token); with hyper-connections, the activations of the hc-wide residual; a recurrent
+    layer's state update; an attention layer's scratch per (cached token, batch token) pair (`per_pair`),
     plus the indexer's block tables; and on qwen4exp the indexer pooling its keys over the whole
     cache (gathered as f32 rows, then a block slice and the running block sum) while the mask, the
     block bias and, without flash attention, the scores are there: the peak of small micro-batches
@@ -99,9 +99,19 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
         return logits, logits_f
     pair, pair_f = per_pair(facts, fa, cuda)
     tables = block_tables(facts, n_ctx)
-    attn = int(n_ctx * ub * pair) + ub * 8 * facts.n_embd + tables
-    peaks = [logits_f, f"attention {n_ctx:,} x {ub} x ({pair_f}) = {fmt(attn)}"]
+    # per token beside the pairs: 8 B per embedding value, and one hc-wide residual row with
+    # hyper-connections (measured on the 2560-wide qwen4exp)
+    row = 8 * facts.n_embd + (4 * facts.hc * facts.n_embd if facts.hc > 1 else 0)
+    attn = int(n_ctx * ub * pair) + ub * row + tables
+    peaks = [logits_f, f"attention {n_ctx:,} x {ub} x ({pair_f}) + {ub} x {row:,} B = {fmt(attn)}"]
     best = max(logits, attn)
+    if facts.recurrent_layers:
+        # a recurrent layer's step: the state read and the state written (2 x ssm state), the conv
+        # states, and qwen4exp's PLE conv history, f32
+        step = 4 * (2 * facts.n_embd_s + 2 * facts.n_embd_r + facts.ple_conv_state)
+        states = f"2 x {facts.n_embd_s:,} + 2 x {facts.n_embd_r:,} + {facts.ple_conv_state:,}"
+        peaks.append(f"recurrent step 4 B x ({states}) = {fmt(step)}")
+        best = max(best, step)
     r = facts.indexer_ratio
     if facts.hc > 1:
         # a hyper-connection model's residual is hc x n_embd wide, and around its MoE about six
