@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ from .checkpoints import Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnDone, TurnFailed
 from .api import EngineFacts
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
+from . import llama_log
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
@@ -104,6 +106,19 @@ class Turn:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+GRAPH_SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
+
+
+def decode_graph_splits(lines: Sequence[str]) -> int:
+    """The graph splits of a decode step, from llama.cpp's line at context creation
+    ("graph_reserve: ... splits = <prefill> / <decode step>"); 0 when it logged none. Each split
+    is a hand-over between backends (a GPU waiting on a CPU op, and back)."""
+    found = [m for m in map(GRAPH_SPLITS.search, lines) if m]
+    if not found:
+        return 0
+    return int(found[-1].group(2) or found[-1].group(1))
 
 
 class Engine(EngineFacts):
@@ -190,12 +205,13 @@ class Engine(EngineFacts):
         model = LlamaModel(self._model_path, profile.model, on_progress=progress)
         try:
             spec = profile.speculation
-            ctx = LlamaContext(
-                model,
-                profile.context,
-                n_gpu_layers=profile.model.n_gpu_layers,
-                n_rs_seq=spec.max_draft if spec.enabled and model.hybrid else 0,
-            )
+            with llama_log.lines() as made:
+                ctx = LlamaContext(
+                    model,
+                    profile.context,
+                    n_gpu_layers=profile.model.n_gpu_layers,
+                    n_rs_seq=spec.max_draft if spec.enabled and model.hybrid else 0,
+                )
         except BaseException:
             model.close()
             raise
@@ -217,6 +233,8 @@ class Engine(EngineFacts):
             n_vocab=model.n_vocab,
             ple_gather=model.ple_mode,
             ple_reason=model.ple_reason,
+            ple_table=model.ple_table,
+            graph_splits=decode_graph_splits(made),
         )
         emit(self._info)
         return self._info

@@ -33,6 +33,8 @@ class ModelLoaded:
     n_vocab: int = 0
     ple_gather: str = ""  # where qwen4exp PLE rows are gathered: "gpu" (velo-chat kernel) or "stock"
     ple_reason: str = ""  # why that mode, in words (and the table's GPU access mode)
+    ple_table: bool = False  # the model has a PLE table (qwen4exp): the panel then shows the path
+    graph_splits: int = 0  # graph splits of a decode step (backend hand-overs); 0: not logged
 
 
 @dataclass(frozen=True)

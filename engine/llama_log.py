@@ -8,10 +8,12 @@ We replace the callback with one that buffers the C fragments into lines and log
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from .config import locations
@@ -47,10 +49,27 @@ class _LineBuffer:
             lvl = self.level
         if lvl >= logging.ERROR:
             self.last_error = line.strip()
+        for listener in list(_listeners):
+            listener.append(line)
         logger.log(lvl, "%s", line)
 
 
 _buffer = _LineBuffer()
+_listeners: list[list[str]] = []  # `lines()` blocks open now, each collecting every line
+
+
+@contextlib.contextmanager
+def lines() -> Iterator[list[str]]:
+    """Collect every line llama.cpp logs inside the block, whatever the logging level (the
+    engine reads facts from them that the C API does not give, such as a graph's splits)."""
+    seen: list[str] = []
+    with _lock:
+        _listeners.append(seen)
+    try:
+        yield seen
+    finally:
+        with _lock:
+            _listeners.remove(seen)
 
 
 def install() -> None:

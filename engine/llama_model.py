@@ -59,6 +59,7 @@ class LlamaModel:
         # qwen4exp's PLE rows gathered on the GPU (ple_provider.py): decided before the load,
         # because the token-embedding table then goes to the GPU too (a tensor override).
         self.ple: ple_provider.PleProvider | None = None
+        self.ple_table = self.header.tensor(ple_provider.PLE_TENSOR) is not None
         ple_plan = ple_provider.plan(settings.ple_gather, self.header, settings.n_gpu_layers)
         if ple_plan.buft is not None:
             overrides = ple_provider.token_embd_override(ple_plan.buft)

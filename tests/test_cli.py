@@ -273,6 +273,7 @@ def test_bench_ple_compares_the_two_paths(velo_home, qwen_path):
     assert set(data["ple"]) == {"stock", "gpu"}
     compare = data["comparison"]
     assert compare["stock"]["ran"] == "stock" and compare["stock"]["decode_tok_s"] > 0
+    assert compare["stock"]["graph_splits"] == 1  # every layer on the CPU here
     assert compare["gpu"]["decode_tok_s"] > 0 and compare["gpu"]["decode_ratio"] > 0
     gpu_ple = data["ple"]["gpu"]["sections"]["ple"]
     assert gpu_ple["mode"] == compare["gpu"]["ran"]

@@ -136,6 +136,8 @@ def test_engine_reports_the_ple_mode(qwen_path: Path, smollm2_path: Path) -> Non
             engine.close()
         assert info.ple_gather == "stock"
         assert info.ple_reason == (reason or "no layers on the GPU (n_gpu_layers = 0)")
+        assert info.ple_table == (reason is None)
+        assert info.graph_splits == 1  # everything on the CPU: one backend, one split
 
 
 # -- CUDA build with CuPy -----------------------------------------------------------------------

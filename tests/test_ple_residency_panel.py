@@ -60,3 +60,29 @@ async def test_the_panel_shows_the_residency_and_warns_when_it_dropped(tmp_path,
         screen.query_one(LivePanel).ple_residency(PleWatch(qwen_path).fraction())
         await pilot.pause()
         assert _memory_line(screen).endswith("\nPLE cache 100%")
+
+
+async def test_the_panel_says_the_ple_path_and_the_decode_graphs_splits(tmp_path):
+    """A qwen4exp model's block in the panel names where its PLE rows are gathered and how many
+    graph splits a decode step has; a model without a PLE table shows neither."""
+    from textual.widgets import Static
+
+    app, _factory = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        panel = screen.query_one(LivePanel)
+
+        def model_block() -> str:
+            return str(panel.query_one("#panel-model", Static).content)
+
+        assert "PLE" not in model_block()  # the fake model has no PLE table
+        info = screen._model_info
+        panel.model_ready(dataclasses.replace(info, ple_table=True, ple_gather="gpu", graph_splits=1), "m")
+        await pilot.pause()
+        assert model_block().endswith("\nPLE gpu · 1 split")
+        panel.model_ready(dataclasses.replace(info, ple_table=True, ple_gather="stock", graph_splits=2), "m")
+        await pilot.pause()
+        assert model_block().endswith("\nPLE stock · 2 splits")
+        panel.model_ready(dataclasses.replace(info, ple_table=False, graph_splits=1), "m")
+        await pilot.pause()
+        assert "PLE" not in model_block()

@@ -143,6 +143,7 @@ def ple_comparison(modes: tuple[str, ...], rows: list[dict]) -> dict:
         ratio = decode / base["decode"]["tok_s"] if base["decode"]["tok_s"] else None
         out[mode] = {
             "ran": ple.get("mode"),
+            "graph_splits": ple.get("graph_splits"),
             "decode_tok_s": decode,
             "prefill_tok_s": prefill,
             "decode_ratio": ratio,
@@ -151,6 +152,8 @@ def ple_comparison(modes: tuple[str, ...], rows: list[dict]) -> dict:
             f"{mode:6} ran {ple.get('mode')}: decode {decode} tok/s"
             + (f" ({ratio:.2f}x {modes[0]})" if ratio is not None and mode != modes[0] else "")
             + (f", prefill {prefill} tok/s" if prefill is not None else "")
-            + f"; graphs {row['decode'].get('graphs_reused')}; {ple.get('reason')}"
+            + f"; decode graph splits {ple.get('graph_splits')}"
+            + f", graphs reused {row['decode'].get('graphs_reused')}"
+            + f"; {ple.get('reason')}"
         )
     return out

@@ -112,7 +112,11 @@ def run_bench(
             "plan": plan.describe(),
         },
     )
-    result.sections["ple"] = {"mode": info.ple_gather, "reason": info.ple_reason}  # docs/ple.md
+    result.sections["ple"] = {  # docs/ple.md
+        "mode": info.ple_gather,
+        "reason": info.ple_reason,
+        "graph_splits": info.graph_splits,
+    }
     if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py)
         result.sections["speculation"] = spec_section(
             engine, decode_tokens=decode_tokens, repeats=repeats, note=note

@@ -112,7 +112,15 @@ class LivePanel(Vertical):
             threads += f" · prefill {info.n_threads_batch}"
         if info.architecture == "remote":  # the server's threads and memory are its own
             kind, threads = "server", "runs on the server"
-        self.query_one("#panel-model", Static).update(f"{name}\n{info.architecture} · {kind}\n{threads}")
+        lines = f"{name}\n{info.architecture} · {kind}\n{threads}"
+        if info.ple_table:  # qwen4exp: where its PLE rows are gathered, and the decode graph's splits
+            splits = (
+                f" · {info.graph_splits} split{'s' if info.graph_splits != 1 else ''}"
+                if info.graph_splits
+                else ""
+            )
+            lines += f"\nPLE {info.ple_gather}{splits}"
+        self.query_one("#panel-model", Static).update(lines)
         self._render_context()
 
     def model_failed(self, reason: str) -> None:
