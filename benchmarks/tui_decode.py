@@ -169,6 +169,11 @@ class TmuxApp:
         cmd = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
         self._tmux("new-session", "-d", "-s", "app", "-x", str(size[0]), "-y", str(size[1]), cmd)
 
+    def pids(self) -> tuple[int, int]:
+        """The app's process (the pane's: `env` execs it) and the tmux server's."""
+        pane, server = self._tmux("display-message", "-p", "-t", "app", "#{pane_pid} #{pid}").split()
+        return int(pane), int(server)
+
     def wait_ready(self) -> None:
         self.wait_for(lambda s: READY_MARK in s, 120, "the model to load")
 
@@ -200,10 +205,14 @@ class TmuxApp:
 
     def open_session(self, title: str) -> None:
         """Filter the sidebar down to `title` and open it (keys retried: a loaded machine can
-        take longer than one pause to move the focus)."""
-        self.keys("C-f")
-        self.type(title)
+        take longer than one pause to move the focus). Textual moves the focus after the keys
+        already queued, so the title is typed only once the filter shows it has the focus
+        (typed at once, it could land in the message input)."""
         for _ in range(5):
+            self.keys("C-f")
+            time.sleep(0.5)
+            self.type(title)
+            self.wait_for(lambda s: title in s.splitlines()[1], 10, f"{title!r} in the filter")
             self.keys("Enter")  # from the filter to the list, which holds the one match
             time.sleep(0.5)
             self.keys("Home")
@@ -212,7 +221,7 @@ class TmuxApp:
                 self.wait_for(lambda s: title in s.splitlines()[0], 10, f"session {title!r} to open")
                 break
             except RuntimeError:
-                self.keys("C-f")
+                continue
         else:
             raise RuntimeError(f"session {title!r} did not open; the screen:\n{self.screen()}")
         self.keys("C-l")
@@ -235,17 +244,46 @@ class TmuxApp:
             subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
 
 
+def thread_cpu(pid: int, tid: int | None = None) -> float:
+    """CPU seconds of a process (`tid`: one of its threads) from /proc; 0 once it is gone."""
+    path = f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat"
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def tui_turn(app: TmuxApp, db: Path, prompt: str) -> dict:
+    """The reply's stats, with the share of a core that the TUI's UI thread, its other
+    threads (the decode's among them) and the tmux server used during the decode."""
     before = last_id(db)
+    pid, server = app.pids()
+    samples = []
+
+    def sample() -> None:
+        ui = thread_cpu(pid, pid)
+        samples.append((time.monotonic(), ui, thread_cpu(pid) - ui, thread_cpu(server)))
+
     app.type(prompt)
     app.keys("Enter")
     end = time.monotonic() + 600
+    sample()
     while (found := reply_stats(db, before)) is None:
         if time.monotonic() > end:
             raise RuntimeError(f"no reply stored; the screen:\n{app.screen()}")
         time.sleep(0.5)
+        sample()
+    stats = dict(found[1])
+    # the samples inside the decode: it ended at most one sample before the reply was found
+    t_end = samples[-2][0] if len(samples) > 1 else samples[-1][0]
+    window = [x for x in samples if x[0] >= t_end - stats["wall_ms"] / 1000 - 0.5]
+    if len(window) > 1 and window[-1][0] > window[0][0]:
+        span = window[-1][0] - window[0][0]
+        for i, key in enumerate(("ui_thread_cores", "tui_other_threads_cores", "tmux_cores"), 1):
+            stats[key] = round((window[-1][i] - window[0][i]) / span, 3)
     app.idle()
-    return found[1]
+    return stats
 
 
 def ask_turn(home: Path, prompt: str, session: str | None) -> dict:
@@ -273,6 +311,8 @@ def summary(stats: dict) -> dict:
         "decode_tok_s": stats["decode_tok_s"],
         "decode_tokens": stats.get("decode_tokens"),
         "prompt_tokens": stats.get("prompt_tokens"),
+        "decode_threads": stats.get("decode_threads"),  # averaged over the decode steps
+        **{k: stats[k] for k in ("ui_thread_cores", "tui_other_threads_cores", "tmux_cores") if k in stats},
         # wall time of the decode over llama.cpp's own eval time: what the process adds
         "wall_over_eval": round(stats["wall_ms"] / stats["llama_eval_ms"], 3)
         if stats.get("llama_eval_ms")
@@ -365,11 +405,14 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(result: dict) -> str:
     head = ("run", "case", "first", "prompt tokens", "decode tokens", "TUI tok/s", "ask tok/s", "TUI/ask")
+    head += ("threads TUI/ask", "UI thread", "tmux")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for x in result["runs"]:
         tui, ask = x["tui"], x["ask"]
         cells = (x["run"], x["case"], x["first"], f"{tui['prompt_tokens']:,}", tui["decode_tokens"])
         cells += (f"{tui['decode_tok_s']:.1f}", f"{ask['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
+        cells += (f"{tui['decode_threads']}/{ask['decode_threads']}", tui.get("ui_thread_cores"))
+        cells += (tui.get("tmux_cores"),)
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     rows.append("")
     for case, c in result["ratio_tui_over_ask"].items():

@@ -117,6 +117,9 @@ class TurnStats:
     spec_accepted: int = 0  # of those, accepted
     spec_rounds: int = 0  # verify batches
     decode_calls: int = 0  # llama_decode calls after the first token (verify batches included)
+    # the decode threads of the one-token steps, averaged: the governor lowers them while other
+    # processes want the cores (engine/threads.py), which explains a slower decode; 0: unknown
+    decode_threads: float = 0.0
 
     @property
     def answer_tokens(self) -> int:
@@ -152,6 +155,7 @@ class TurnStats:
             "answer_tokens": self.answer_tokens,
             "first_answer_s": None if self.first_answer_s is None else round(self.first_answer_s, 4),
             "backend": self.backend,
+            "decode_threads": round(self.decode_threads, 2),
             "speculation": {
                 "drafted": self.spec_drafted,
                 "accepted": self.spec_accepted,

@@ -86,6 +86,11 @@ class LiveSequence:
         """llama.cpp's counters (eval time, graph reuse) for this context."""
         return self._ctx.perf()
 
+    def decode_threads(self) -> tuple[int, int]:
+        """One-token decode steps so far and the threads they ran with, summed (the thread
+        count follows the machine's load: `engine/threads.py`)."""
+        return self._ctx.decode_steps, self._ctx.decode_thread_steps
+
     def synchronize(self) -> None:
         """Wait for queued work (books a prefill into the prompt-eval counters)."""
         self._ctx.synchronize()

@@ -110,6 +110,10 @@ class LlamaContext:
         self._old_pools: list[Threadpools] = []
         self._governor: ThreadGovernor | None = None
         self._in_use = plan.decode  # threads the last llama_decode ran with
+        # one-token decode steps so far, and the threads they ran with summed: a turn's stats
+        # say how many threads its decode had (the governor changes it with the machine's load)
+        self.decode_steps = 0
+        self.decode_thread_steps = 0
         self._threads = (plan.decode, plan.batch)
         # Verify batches (speculation) on the decode threads and pool when every layer is on
         # the GPU: there a batch of a few tokens is, for the CPU, a token's step (an embedding
@@ -221,6 +225,8 @@ class LlamaContext:
             self._in_use = self._threads[0]
             self._adapt()
         self._one[0] = token
+        self.decode_steps += 1
+        self.decode_thread_steps += self._threads[0]
         rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(self._one, 1))
         if self.model.ple is not None and self.model.ple.error is not None:
             self._check_ple()

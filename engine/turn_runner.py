@@ -272,6 +272,7 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
     t_prefill1 = time.perf_counter()
     prefill_s = t_prefill1 - t_prefill0 - save_s[0]
     perf1 = live.perf()
+    steps1, threads1 = live.decode_threads()
 
     # -- decode: each sampled token is shown, then decoded (`SpecStepper.step`: with a draft
     # after it when speculation is on), which gives the next ones
@@ -321,6 +322,7 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
             split.finish(utf8.finish(), t=t_last)  # bytes of an unfinished character: U+FFFD
     t_end = time.perf_counter()
     perf2 = live.perf()
+    steps2, threads2 = live.decode_threads()
     close_s = 0.0
     if t_first is not None and finish != "context":
         t_close = time.perf_counter()
@@ -358,5 +360,6 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
         spec_accepted=spec.accepted,
         spec_rounds=spec.rounds,
         decode_calls=spec.decode_calls if spec.decode_calls else max(decode_tokens - 1, 0),
+        decode_threads=(threads2 - threads1) / (steps2 - steps1) if steps2 > steps1 else 0.0,
     )
     yield TurnDone(split.answer, stats, split.reasoning)

@@ -227,6 +227,25 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
         assert set(seen) == {1, plan.decode}
 
 
+def test_a_turns_stats_say_how_many_threads_decoded_it(smollm2_path):
+    engine = Engine(test_profile(smollm2_path, context={"adapt_threads": False}))
+    engine.load()
+
+    def stats():
+        engine.reset()
+        turn = engine.turn(STORY, max_tokens=8, ignore_eos=True)
+        return next(e.stats for e in turn if isinstance(e, TurnDone))
+
+    try:
+        planned = stats()
+        assert planned.decode_threads == engine._ctx.thread_plan.decode
+        assert planned.to_json()["decode_threads"] == planned.decode_threads
+        with engine._ctx.fixed_threads(1, 1):
+            assert stats().decode_threads == 1.0
+    finally:
+        engine.close()
+
+
 def test_auto_on_the_hybrid_model_and_pools_keep_its_output(qwen_path):
     """On the GPU machine (VELO_TEST_GPU_LAYERS=-1 on a CUDA build) `auto` decodes with
     GPU_DECODE_THREADS; anywhere, thread pools and thread counts leave greedy output as is

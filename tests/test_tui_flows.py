@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -11,6 +12,7 @@ from velo_chat.app.screens.settings import SettingsScreen
 from velo_chat.app.dialogs.confirm import ConfirmDialog
 from velo_chat.app.dialogs.message import MessageDialog
 from velo_chat.app.dialogs.text_prompt import TextPrompt
+from velo_chat.app.gc_hold import HELD_THRESHOLD
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.sessions.sidebar import SessionList
 from velo_chat.app.widgets.transcript.transcript import Transcript
@@ -123,6 +125,34 @@ async def test_busy_input_is_not_sent_twice(tmp_path):
         await until(pilot, lambda: not screen.busy)
         assert len(factory.engines[0].turns) == 1
         assert screen.query_one(Composer).text == "second"
+
+
+async def test_streaming_holds_the_cursors_still_and_marks_only_the_composer(tmp_path):
+    """While a reply streams nothing blinks (a blink is a frame taken from the decode on a
+    small machine), the busy mark restyles the composer, not every widget of the screen, and no
+    full garbage collection runs (app/gc_hold.py); typing still works, and all of it comes back
+    when the reply ends."""
+    full_threshold = gc.get_threshold()[2]
+    script = FakeScript(pause_after=2)
+    app, _ = fake_app(tmp_path, script, cursor_blink=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = chat(app)
+        composer = screen.query_one(Composer)
+        await until(pilot, lambda: screen.model_ready)
+        assert composer.cursor_blink
+        composer.load_text("first")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.busy)
+        assert not composer.cursor_blink and not screen.query_one("#session-filter").cursor_blink
+        assert composer.has_class("-busy") and not screen.has_class("-busy")
+        assert gc.get_threshold()[2] == HELD_THRESHOLD
+        await pilot.press("n", "e", "x", "t")
+        assert composer.text == "next"
+        script.gate.set()
+        await until(pilot, lambda: not screen.busy)
+        assert composer.cursor_blink and screen.query_one("#session-filter").cursor_blink
+        assert not composer.has_class("-busy") and composer.text == "next"
+        assert gc.get_threshold()[2] == full_threshold
 
 
 async def test_prompt_too_long_writes_nothing_and_says_why(tmp_path):

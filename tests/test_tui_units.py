@@ -1,12 +1,15 @@
 """Unit tests of the TUI's pure parts: the decode meter, code-block parsing, the
-keymap catalogue (every binding documented and in the palette), reload decisions, settings."""
+keymap catalogue (every binding documented and in the palette), reload decisions, settings, the
+stream pacer and the full-collection hold."""
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 from velo_chat.app import keymap
 from velo_chat.app.app import reload_needed
+from velo_chat.app.gc_hold import HELD_THRESHOLD, FullCollectionHold
 from velo_chat.app.screens.help import help_text
 from velo_chat.app.settings import load_app_settings
 from velo_chat.app.stream_pacer import StreamPacer
@@ -74,6 +77,19 @@ def test_pacer_keeps_the_ui_within_its_share_of_a_core():
     cpu[0] += 0.001
     own.posted(0.0)
     assert own.interval == StreamPacer.MIN_INTERVAL  # a core of its own: 30 updates a second
+
+
+def test_full_collection_hold_defers_only_the_oldest_generation_and_restores_it():
+    before = gc.get_threshold()
+    hold = FullCollectionHold()
+    try:
+        hold.hold()
+        hold.hold()  # idempotent: the saved threshold stays the original one
+        assert hold.held and gc.get_threshold() == (*before[:2], HELD_THRESHOLD)
+    finally:
+        hold.release()
+    hold.release()
+    assert not hold.held and gc.get_threshold() == before
 
 
 def test_pacer_without_a_cpu_clock_streams_at_the_fastest_pace():

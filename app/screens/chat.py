@@ -17,7 +17,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 from textual.worker import get_current_worker
 
 from velo_chat.engine.events import ModelLoaded
@@ -28,6 +28,7 @@ from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
 from ..dialogs.message import error_dialog
+from ..gc_hold import FullCollectionHold
 from ..load_rate import LoadRate
 from ..generation import TurnRequest, run_apply, run_preview, run_turn
 from ..messages import (
@@ -70,6 +71,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self._load_rate = LoadRate(None)  # bytes/s and time left of the load in progress
         self._ple_timer: Timer | None = None  # polls the PLE table's page-cache residency
         self._reply: MessageView | None = None
+        self._gc_hold = FullCollectionHold()  # no full collection while a reply streams
         self._user_view: MessageView | None = None
         self._preview_timer: Timer | None = None
         self._thinking_support: ThinkingSupport | None = None  # the running model's template
@@ -107,8 +109,16 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
             self.reload_model(self.app.profile)
 
     def _sync_composer(self) -> None:
-        """Tell the composer whether Enter may send now (else it keeps the text)."""
-        self.query_one(Composer).accepting = self.model_ready and not self.busy
+        """Tell the composer whether Enter may send now (else it keeps the text), and show a
+        streaming reply on it (`-busy`). The cursors stop blinking while a reply streams: each
+        blink is a frame, and on a small machine the UI's frames are taken from the decode
+        (`app/stream_pacer.py`); typing still works and the cursor stays visible."""
+        composer = self.query_one(Composer)
+        composer.accepting = self.model_ready and not self.busy
+        composer.set_class(self.busy, "-busy")
+        blink = self.app.cursor_blink and not self.busy
+        composer.cursor_blink = blink
+        self.query_one("#session-filter", Input).cursor_blink = blink
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -167,7 +177,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
     async def _start_turn(self, text: str, *, rewind: bool = False) -> None:
         self.busy = True
         self._sync_composer()
-        self.set_class(True, "-busy")
+        self._gc_hold.hold()
         self._cancel = threading.Event()
         transcript = self.query_one(Transcript)
         transcript.freeze_history()  # before the new messages: they count only once laid out
@@ -288,12 +298,13 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self.query_one(Transcript).thaw()
         self.busy = False
         self._sync_composer()
-        self.set_class(False, "-busy")
+        self._gc_hold.release()
         self._reply = self._user_view = None
         self.query_one("#preview-line", Static).update("")
 
     def on_unmount(self) -> None:
         self.stop_engine_work()
+        self._gc_hold.release()
 
     def stop_engine_work(self) -> None:
         """The app is closing: stop a running turn or load so the engine can be closed."""

@@ -33,6 +33,7 @@ def fake_app(
     *,
     profile: Profile | None = None,
     store: SessionStore | None = None,
+    cursor_blink: bool = False,
     **kwargs,
 ) -> tuple[VeloChatApp, FakeFactory]:
     factory = FakeFactory(script)
@@ -45,7 +46,7 @@ def fake_app(
         wall_clock=lambda: FIXED_NOW,
         memory_probe=lambda: (300 << 20, None),
         memory_interval=None,
-        cursor_blink=False,
+        cursor_blink=cursor_blink,
         pace_stream=False,
         **kwargs,
     )
