@@ -218,7 +218,9 @@ def test_profiles_and_print_config(velo_home):
     listed = run_cli("profiles", "list").stdout
     assert "default" in listed and "spark-qwen38" in listed
     shown = run_cli("profiles", "show", "spark-qwen38").stdout
-    assert 'lazy_ple = "on"' in shown and "n_ctx = 262144" in shown
+    assert 'lazy_ple = "on"' in shown and "n_ctx = 131072" in shown
+    assert "n_ctx = 262144" in run_cli("profiles", "show", "spark-qwen38-long").stdout
+    assert "n_ctx = 65536" in run_cli("profiles", "show", "spark-qwen38-lowmem").stdout
     assert "n_gpu_layers = -1" in shown and 'flash_attn = "on"' in shown
     config = run_cli("--print-config").stdout
     assert str(velo_home) in config and "[sampling]" in config
