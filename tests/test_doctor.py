@@ -19,6 +19,7 @@ FIELDS = {
     "pageable_memory_access",
     "cupy",
     "memory",
+    "cpu",
     "profile",
     "model",
     "fit",
@@ -43,6 +44,7 @@ def test_doctor_json_has_every_field_and_the_fit_table(qwen_path: Path):
     assert set(d) == FIELDS
     assert {"version", "gpu_offload", "cuda", "ple_patch", "system_info"} <= set(d["llama_cpp"])
     assert d["memory"]["available"] > 0 and d["memory"]["total"] >= d["memory"]["available"]
+    assert d["cpu"]["cores"] >= 1 and d["cpu"]["load1"] >= 0
     assert d["model"]["ok"] and d["model"]["shards"][0]["bytes"] == qwen_path.stat().st_size
     assert d["fit"]["fits"] and "verdict: fits" in d["fit"]["table"]
     assert {t["key"] for t in d["fit"]["terms"]} >= {"weights_cpu", "ple", "kv_cpu", "rs_cpu", "compute_cpu"}
@@ -119,3 +121,17 @@ def test_doctor_reports_a_default_model_not_downloaded_as_a_problem(bare_home: P
     assert result.returncode == 1, result.stderr
     d = json.loads(result.stdout)
     assert not d["usable"] and "not downloaded" in d["model"]["error"]
+
+
+def test_busy_cores_get_advice_and_the_load_is_read(tmp_path: Path):
+    from velo_chat.engine.fit.machine import CpuLoad, cpu_load
+
+    assert CpuLoad(16, 3.0).busy_advice is None
+    assert CpuLoad(16, 15.4).busy_advice is None
+    busy = CpuLoad(16, 16.0).busy_advice
+    assert busy is not None and "make -j15" in busy and "nice" in busy
+    assert "make -j1" in (CpuLoad(1, 2.0).busy_advice or "")
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("7.25 6.00 5.00 9/500 1234\n")
+    assert cpu_load(loadavg).load1 == 7.25
+    assert cpu_load(tmp_path / "missing").load1 == 0.0

@@ -79,6 +79,7 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     gpus = machine.gpus()
     gpu = gpus[0] if gpus else None
     mem = machine.meminfo()
+    load = machine.cpu_load()
     host = _host_access() if build["cuda"] else None
     problems: list[str] = []
     advice: list[str] = []
@@ -104,11 +105,14 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
             "swap_total": mem.swap_total,
             "swap_free": mem.swap_free,
         },
+        "cpu": {"cores": load.cores, "load1": load.load1},
         "profile": profile.name,
         "model": {"path": None, "shards": [], "ok": False, "error": None},
         "fit": None,
         "ple_residency": None,
     }
+    if load.busy_advice:
+        advice.append(load.busy_advice)
     if profile.model.n_gpu_layers != 0 and not build["gpu_offload"]:
         advice.append(
             "this llama.cpp build is CPU-only: n_gpu_layers is ignored (packaging/ builds a CUDA one)"
@@ -192,6 +196,7 @@ def _text(d: dict[str, Any]) -> str:
         f"memory         {fmt(m['available'])} available of {fmt(m['total'])}; swap "
         + (f"{fmt(m['swap_free'])} free of {fmt(m['swap_total'])}" if m["swap_total"] else "off")
     )
+    lines.append(f"CPU            {d['cpu']['cores']} cores, load {d['cpu']['load1']:.2f} (1 min)")
     lines.append(f"profile        {d['profile']}")
     model = d["model"]
     if model["ok"]:

@@ -10,6 +10,7 @@ CUDA's free-memory figure is not the one to trust, so the whole estimate is comp
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -118,3 +119,38 @@ def probe() -> Machine:
     offload = llama_gpu_offload()
     found = gpus() if offload else []
     return Machine(meminfo(), offload, found[0] if found else None)
+
+
+@dataclass(frozen=True)
+class CpuLoad:
+    """The cores this process may run on and the 1-minute load average (runnable tasks)."""
+
+    cores: int
+    load1: float
+
+    @property
+    def busy_advice(self) -> str | None:
+        """What to say when other work keeps every core busy. One decode thread then shares a
+        core with a busy process and gets about half of it: on the H200 with the model on the
+        GPU, one busy process per core kept 0.5-0.7 of idle decode, one core left free 0.9 and
+        half the cores 0.98 (docs/threads.md)."""
+        if self.load1 < self.cores - 0.5:
+            return None
+        free = max(1, self.cores - 1)
+        return (
+            f"the cores are busy (load {self.load1:.1f} on {self.cores} cores): decode shares a core "
+            f"with that work and can lose half its speed; leave a core free (e.g. make -j{free}) "
+            "or run the other work under nice"
+        )
+
+
+def cpu_load(loadavg: Path = Path("/proc/loadavg")) -> CpuLoad:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        load1 = float(loadavg.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        load1 = 0.0
+    return CpuLoad(cores, load1)
