@@ -84,6 +84,35 @@ async def test_history_above_the_screen_is_stood_down_without_moving_the_view():
         assert app.export_screenshot() == before
 
 
+async def test_a_growing_reply_stands_down_what_it_pushed_up_without_moving_the_view():
+    app = TranscriptApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await shown_at_bottom(pilot)
+        up = transcript.scroll_y - 3 * transcript.size.height
+        transcript.scroll_to(y=up, animate=False, immediate=True)
+        await pilot.pause()
+        transcript.freeze_history()  # the turn starts higher up
+        await pilot.pause()
+        views, virtual = transcript.views(), transcript.virtual_size.height
+        first = [v for v in views if not v.display]
+        assert first
+
+        transcript.scroll_end(animate=False, immediate=True)  # the reply pushed the rest up
+        await pilot.pause()
+        before, scroll = app.export_screenshot(), transcript.scroll_y
+        transcript.freeze_history()
+        await pilot.pause()
+        hidden = [v for v in views if not v.display]
+        assert len(hidden) > len(first) and hidden == views[: len(hidden)]
+        assert (transcript.scroll_y, transcript.virtual_size.height) == (scroll, virtual)
+        assert app.export_screenshot() == before
+
+        transcript.thaw()
+        await pilot.pause()
+        assert all(v.display for v in views) and transcript.virtual_size.height == virtual
+        assert app.export_screenshot() == before
+
+
 async def frozen(pilot, transcript: Transcript) -> None:
     transcript.scroll_end(animate=False, immediate=True)
     await pilot.pause()

@@ -245,6 +245,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
 
     async def on_tokens_streamed(self, msg: TokensStreamed) -> None:
         if self._reply is not None:
+            self.query_one(Transcript).freeze_history()  # what the reply pushed up since
             await self._reply.stream_text(msg.text, msg.reasoning)
         self.query_one(LivePanel).tokens(
             msg.n_tokens,

@@ -2,12 +2,13 @@
 `anchor`), and lets go as soon as the user scrolls up.
 
 While a reply streams, the messages more than a screen above the viewport are stood down
-(`freeze_history`): hidden, with one empty block of exactly their height in their place, so the
-scroll position and the scrollbar do not move. Each streamed update makes Textual lay out every
-widget on the screen, and a long session's messages are hundreds of Markdown block widgets: that
-layout was most of the UI thread's time, and the UI thread's time is taken from the decode on a
-small machine (`app/stream_pacer.py`). They come back (`thaw`) when the reply ends, when the user
-scrolls up, and when the transcript changes width (their heights would change).
+(`freeze_history`, again as the reply grows and pushes more of them up): hidden, with one empty
+block of exactly their height in their place, so the scroll position and the scrollbar do not
+move. Each streamed update makes Textual lay out every widget on the screen, and a long session's
+messages are hundreds of Markdown block widgets: that layout was most of the UI thread's time,
+and the UI thread's time is taken from the decode on a small machine (`app/stream_pacer.py`).
+They come back (`thaw`) when the reply ends, when the user scrolls up, and when the transcript
+changes width (their heights would change).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Transcript(VerticalScroll, can_focus=False):
         self.show_thinking = show_thinking
 
         self._frozen: list[MessageView] = []
+        self._frozen_top = 0  # where the first stood-down message began
         self._frozen_width = 0
 
     def compose(self):
@@ -83,26 +85,27 @@ class Transcript(VerticalScroll, can_focus=False):
     def freeze_history(self) -> None:
         """Hide the messages that end more than a screen above the viewport, behind a stand-in
         of their height. Only messages already laid out count, so call it before the newly
-        mounted ones matter (they are at the bottom anyway)."""
-        if self._frozen:
-            return
+        mounted ones matter (they are at the bottom anyway). Called again while a reply grows,
+        it stands down what has scrolled away since (a no-op when nothing has)."""
         keep_from = self.scroll_y - self.size.height
+        views = self.views()
         hidden: list[MessageView] = []
-        for view in self.views():
+        for view in views[len(self._frozen) :]:
             region = view.virtual_region_with_margin
             if not view.display or region.height == 0 or region.bottom > keep_from:
                 break
             hidden.append(view)
         if not hidden:
             return
-        height = hidden[-1].virtual_region_with_margin.bottom - hidden[0].virtual_region_with_margin.y
+        if not self._frozen:
+            self._frozen_top = hidden[0].virtual_region_with_margin.y
         stand_in = self.query_one("#transcript-frozen", Static)
-        stand_in.styles.height = height
+        stand_in.styles.height = hidden[-1].virtual_region_with_margin.bottom - self._frozen_top
         with self.app.batch_update():
             stand_in.display = True
             for view in hidden:
                 view.display = False
-        self._frozen, self._frozen_width = hidden, self.size.width
+        self._frozen, self._frozen_width = self._frozen + hidden, self.size.width
 
     def thaw(self) -> None:
         """Show the stood-down messages again (a no-op when none are)."""
@@ -124,7 +127,8 @@ class Transcript(VerticalScroll, can_focus=False):
             self.thaw()
 
     def views(self) -> list[MessageView]:
-        return list(self.query(MessageView))
+        """The messages in order (children only: a query would walk every Markdown block)."""
+        return [child for child in self.children if isinstance(child, MessageView)]
 
     def last_reply(self) -> MessageView | None:
         replies = [v for v in self.views() if v.role == "assistant"]
