@@ -11,6 +11,9 @@
 #
 # Each model runs `bench --spec` under three profiles (every layer on the GPU, n_ctx 4096, greedy,
 # decode on 1 thread: docs/threads.md):
+# Every profile sets allow_batch_rounding = true: with layers on the GPU a verify batch rounds
+# otherwise than a one-token step, and without it the engine does not speculate there (its load
+# message and bench's speculation line say which guarantee a run had).
 #   on      speculation enabled, prefill threads "auto" (the usable cores); verify batches run
 #           on the decode thread (the engine's choice with every layer on the GPU), and the
 #           section also times them on the prefill threads (`cost_on_prefill_threads`)
@@ -63,6 +66,7 @@ profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cos
     printf '[model]\nn_gpu_layers = %s\nple_gather = "%s"\n' "$layers" "$4"
     printf '[context]\nn_ctx = 4096\nn_threads = 1\nn_threads_batch = %s\nflash_attn = "on"\n' "$2"
     printf '[sampling]\ntemperature = 0.0\n[speculation]\nenabled = %s\nbatch_cost_prior = %s\n' "$3" "$5"
+    printf 'allow_batch_rounding = true\n'
   } > "$home/config/profiles/$1.toml"
 }
 ple=${SPEC_PLE:-auto}
@@ -111,6 +115,7 @@ with open(results, "a") as fh:
     fh.write(json.dumps({"run": name, "result": d}) + "\n")
 s = d["sections"]["speculation"]
 print(f"== {name}: {d['threads']['plan']}")
+print(f"  speculation {s.get('speculation', '?')}")
 for row in ("copy-edit", "novel", "replay"):
     r = s.get(row)
     if r:

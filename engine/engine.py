@@ -42,11 +42,12 @@ from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from . import llama_log
 from .llama_context import LlamaContext
 from .llama_model import LlamaModel
-from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
+from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings, SpeculationSettings
 from .thinking import ThinkingSupport, requested
 from .threads import ThreadPlan
 from .sampling import Sampler
 from .spec_measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
+from .speculation import exactness, speculation_mode
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class Engine(EngineFacts):
         self._model: LlamaModel | None = None
         self._ctx: LlamaContext | None = None
         self._live: LiveSequence | None = None
+        self._spec_allowed = False  # speculation may draft on this setup (decided at load)
+        self._spec_exactness = ""  # its guarantee there (TurnStats.spec_exactness)
         self._checkpoints: Checkpoints | None = None
         self._info: ModelLoaded | None = None
         self._prefill_tok_s: float | None = None  # the last measured prefill rate (previews)
@@ -204,13 +207,25 @@ class Engine(EngineFacts):
         profile = self._profile
         model = LlamaModel(self._model_path, profile.model, on_progress=progress)
         try:
+            from llama_cpp import llama_cpp as ll
+
             spec = profile.speculation
+            gpu_build = bool(ll.llama_supports_gpu_offload())
+            rounding = exactness(
+                gpu_build=gpu_build,
+                gpu_layers=gpu_build and profile.model.n_gpu_layers != 0,
+                hybrid=model.hybrid,
+                max_draft=spec.max_draft,
+            )
+            self._spec_allowed, spec_mode = speculation_mode(spec, rounding)
+            self._spec_exactness = f"batch rounding: {rounding}" if rounding else "bit-identical"
+            drafts = spec.enabled and self._spec_allowed
             with llama_log.lines() as made:
                 ctx = LlamaContext(
                     model,
                     profile.context,
                     n_gpu_layers=profile.model.n_gpu_layers,
-                    n_rs_seq=spec.max_draft if spec.enabled and model.hybrid else 0,
+                    n_rs_seq=spec.max_draft if drafts and model.hybrid else 0,
                 )
         except BaseException:
             model.close()
@@ -235,7 +250,10 @@ class Engine(EngineFacts):
             ple_reason=model.ple_reason,
             ple_table=model.ple_table,
             graph_splits=decode_graph_splits(made),
+            speculation=spec_mode,
         )
+        if spec.enabled:
+            log.info("speculation %s", spec_mode)
         emit(self._info)
         return self._info
 
@@ -353,6 +371,13 @@ class Engine(EngineFacts):
         return batch_logit_differences(live, tokens, positions, sizes)
 
     @property
+    def speculation(self) -> str:
+        """Speculation's state and guarantee on this setup, in words (`ModelLoaded.speculation`):
+        "off", "on: bit-identical to plain decoding", "on: plain decoding up to the batch
+        rounding (why)", or off and why."""
+        return self._info.speculation if self._info is not None else ""
+
+    @property
     def verify_threads(self) -> str:
         """Which threads a verify batch runs on: "decode" (every layer on the GPU) or "prefill"."""
         return "decode" if self._require()[1].verify_on_decode_threads else "prefill"
@@ -367,9 +392,17 @@ class Engine(EngineFacts):
         if len(tokens) + n >= live.n_ctx:
             raise PromptTooLong(f"{len(tokens)} prompt tokens and {n} more do not fit {live.n_ctx}")
         greedy = dataclasses.replace(self._profile.sampling, temperature=0.0)
-        return replay_decode(
-            live, lambda: Sampler(greedy, model.n_vocab, tokens), self._profile.speculation, tokens, n
-        )
+        spec = self._speculation(True)
+        return replay_decode(live, lambda: Sampler(greedy, model.n_vocab, tokens), spec, tokens, n)
+
+    def _speculation(self, enabled: bool) -> SpeculationSettings:
+        """The profile's speculation settings as this setup may use them: nothing drafted
+        where a verify batch rounds differently from one-token steps and the profile does
+        not accept that (`speculation.speculation_mode`, decided at load)."""
+        spec = self._profile.speculation
+        if self._spec_allowed:
+            return spec if spec.enabled == enabled else dataclasses.replace(spec, enabled=enabled)
+        return dataclasses.replace(spec, enabled=False, max_draft=0)
 
     def _require(self) -> tuple[LlamaModel, LlamaContext, LiveSequence]:
         if self._model is None or self._ctx is None or self._live is None:
@@ -476,7 +509,8 @@ class Engine(EngineFacts):
             variables=variables,
             thinking=support,
             opens_in_reasoning=support.opens_reasoning(prompt_tail),
-            speculation=self._profile.speculation,
+            speculation=self._speculation(self._profile.speculation.enabled),
+            spec_exactness=self._spec_exactness,
         )
         return Turn(self._observe(run_turn(self._parts(), plan)), stop, len(tokens))
 

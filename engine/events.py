@@ -35,6 +35,9 @@ class ModelLoaded:
     ple_reason: str = ""  # why that mode, in words (and the table's GPU access mode)
     ple_table: bool = False  # the model has a PLE table (qwen4exp): the panel then shows the path
     graph_splits: int = 0  # graph splits of a decode step (backend hand-overs); 0: not logged
+    # speculation's state and guarantee in words: "off", "on: bit-identical to plain decoding",
+    # "on: plain decoding up to the batch rounding (why)", or off and why (speculation_mode)
+    speculation: str = ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,9 @@ class TurnStats:
     spec_accepted: int = 0  # of those, accepted
     spec_rounds: int = 0  # verify batches
     decode_calls: int = 0  # llama_decode calls after the first token (verify batches included)
+    # what speculation guaranteed: "bit-identical" (to plain decoding), "batch rounding: why"
+    # (the same model up to the backend's batch rounding: docs/speculation.md); "": not used
+    spec_exactness: str = ""
     # the decode threads of the one-token steps, averaged: the governor lowers them while other
     # processes want the cores (engine/threads.py), which explains a slower decode; 0: unknown
     decode_threads: float = 0.0
@@ -163,6 +169,7 @@ class TurnStats:
                 "rounds": self.spec_rounds,
                 "decode_calls": self.decode_calls,
                 "tokens_per_call": round(self.tokens_per_call, 3),
+                "exactness": self.spec_exactness,
             },
             **({"server": dict(self.server)} if self.server else {}),
         }

@@ -70,6 +70,8 @@ class ReplayResult:
     identical: bool  # the same tokens both ways
     counters: SpecCounters = field(default_factory=SpecCounters)
     graphs_reused: int = 0  # llama.cpp graphs reused by the speculative run's decode calls
+    plain: list[int] = field(default_factory=list)  # the tokens, plain
+    spec: list[int] = field(default_factory=list)  # and with speculation
 
 
 def replay_decode(
@@ -111,7 +113,7 @@ def replay_decode(
         spec_s = time.perf_counter() - t0
         reused = live.perf().n_reused - reused
     live.clear()
-    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters, reused)
+    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters, reused, plain, out[:n])
 
 
 def batch_logit_differences(

@@ -77,6 +77,7 @@ class TurnPlan:
     thinking: ThinkingSupport = field(default_factory=ThinkingSupport)  # reasoning markers
     opens_in_reasoning: bool = False  # the generation prompt ends inside a reasoning block
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    spec_exactness: str = ""  # "bit-identical" or "batch rounding: why" (Engine, at load)
 
     def splitter(self) -> ReasoningSplitter:
         """Splits this turn's reply into reasoning and answer."""
@@ -359,6 +360,7 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
         spec_drafted=spec.drafted,
         spec_accepted=spec.accepted,
         spec_rounds=spec.rounds,
+        spec_exactness=plan.spec_exactness if plan.speculation.enabled else "",
         decode_calls=spec.decode_calls if spec.decode_calls else max(decode_tokens - 1, 0),
         decode_threads=(threads2 - threads1) / (steps2 - steps1) if steps2 > steps1 else 0.0,
     )

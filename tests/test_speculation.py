@@ -6,6 +6,13 @@ the turn must be the same. The tiny random-weight qwen4exp never repeats itself,
 come from an "oracle": the session the draft source indexes is given the plain run's reply
 first (all of it, a corrupted copy, or its first tokens only), which makes the acceptance high,
 low or zero on purpose while the verify, sample and rollback code under test stays the real one.
+
+What "the same" means follows the engine's contract (docs/speculation.md): with every layer on
+the CPU the speculative reply is the plain one token for token (SmolLM2's verify logits are
+one-token ones to the bit). With layers on a GPU (`VELO_TEST_GPU_LAYERS`) a verify batch rounds
+otherwise; there the two replies must agree up to the first token where they differ, and at
+that token the plain run's logits must put the speculative run's choice within the rounding
+measured on the same conversation (`_tolerance`) of its own: a near-tie, not a bug.
 """
 
 from __future__ import annotations
@@ -43,7 +50,12 @@ ONE_THREAD = {"n_threads": 1, "n_threads_batch": 1}
 
 def _engine(path: Path, root: Path, *, spec: bool, **sections: dict) -> Engine:
     ctx = {**ONE_THREAD, **sections.pop("context", {})}
-    spec_section = {"enabled": spec, "max_draft": 8, **sections.pop("speculation", {})}
+    spec_section = {
+        "enabled": spec,
+        "max_draft": 8,
+        "allow_batch_rounding": True,
+        **sections.pop("speculation", {}),
+    }
     engine = Engine(
         test_profile(path, context=ctx, speculation=spec_section, **sections), checkpoint_root=root
     )
@@ -91,6 +103,68 @@ def _oracle(engine: Engine, messages: Sequence[ChatMessage], reply: Sequence[int
     """The prompt followed by `reply`: indexed before the session, so that when the real
     prompt ends the draft source proposes `reply`."""
     return [*engine.tokens_for(messages, engine.template_variables()), *reply]
+
+
+def _on_gpu(engine: Engine) -> bool:
+    return engine._require()[1].thread_plan.gpu_resident
+
+
+def _tolerance(engine: Engine, messages: Sequence[ChatMessage]) -> float:
+    """0.0 with the layers on the CPU (the replies must be identical). With every layer on a
+    GPU: twice the largest difference between verify-batch and one-token logits measured on
+    `messages` (each of two logits may move by it), what may turn a near-tie."""
+    if not _on_gpu(engine):
+        return 0.0
+    d = engine.verify_logit_differences(messages, 24, (2, 4, 8))
+    return 2.0 * max(d["max_abs_diff"].values())
+
+
+def _plain_logits(plain: Engine, messages: Sequence[ChatMessage], reply: Sequence[int]) -> np.ndarray:
+    """The plain engine's logits after the prompt and `reply`, the last token decoded alone."""
+    live = plain._require()[2]
+    prompt = plain.tokens_for(messages, plain.template_variables())
+    live.clear()
+    tokens = [*prompt, *reply]
+    for pos in range(0, len(tokens) - 1, live.n_ubatch):
+        live.extend(tokens[pos : min(pos + live.n_ubatch, len(tokens) - 1)])
+    live.append(tokens[-1])
+    logits = live.logits().copy()
+    live.clear()
+    return logits
+
+
+def _same_reply(
+    plain: Engine,
+    messages: Sequence[ChatMessage],
+    a: Sequence[int],
+    b: Sequence[int],
+    tol: float,
+    *,
+    top_k: int = 0,
+) -> bool:
+    """Asserts that the speculative reply `b` is the plain reply `a`: to the token where `tol`
+    is 0; otherwise up to the first token where they differ, where the plain logits put `b`'s
+    token within `tol` of `a`'s (greedy), or, sampled (`top_k`), among the `top_k` the plain
+    chain draws from. True when the replies are the same."""
+    if tol == 0.0:
+        assert list(b) == list(a)
+        return True
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    if i == len(a) == len(b):
+        return True
+    logits = _plain_logits(plain, messages, a[:i])
+    eos = plain._require()[0].eos_id
+    ta, tb = (a[i] if i < len(a) else eos), (b[i] if i < len(b) else eos)
+    if top_k:
+        assert tb in np.argsort(logits)[-top_k:], (i, tb)
+    else:
+        assert logits[ta] - logits[tb] <= tol, (i, ta, tb, float(logits[ta] - logits[tb]), tol)
+    return False
+
+
+def _follow_up(plain: Engine, spec: Engine, follow: Sequence[ChatMessage], n: int, tol: float) -> None:
+    """The next turn of both engines agrees as `_same_reply` says."""
+    _same_reply(plain, follow, _run(plain, follow, max_tokens=n)[0], _run(spec, follow, max_tokens=n)[0], tol)
 
 
 def _corrupt(reply: Sequence[int], every: int) -> list[int]:
@@ -161,6 +235,157 @@ def test_cost_model_fits_the_batches_not_the_one_token_step() -> None:
     assert speculation.best_draft_length(0.6, 16, cost, 1.05) == 0
 
 
+H200_SAME = {1: 1.0, 2: 1.14, 5: 1.43, 9: 2.98, 17: 3.59}
+"""SmolLM2 with every layer on an H200: a verify of n tokens after one of its size (graph
+reused), in one-token steps (device_spec.sh, 2026-12-01)."""
+H200_NEW = {1: 3.70, 2: 4.40, 5: 4.34, 9: 5.95, 17: 5.80}
+"""The same, each after a call of another size (a new graph)."""
+
+
+def _h200(cost: CostModel, n: int, prev: int) -> None:
+    cost.record(n, 0.001 * (H200_SAME if n == prev else H200_NEW)[n])
+
+
+def test_cost_model_prices_a_new_graph() -> None:
+    """On the H200 a verify after a plain step, and the plain step after it, each build a new
+    graph (3-4 steps): the stepper times that from the step after a verify and charges it to
+    a draft that leaves plain steps, so novel text (acceptance about 0.3) stops drafting while
+    a copy (acceptance near 1) drafts the longest batch, and back to back batches keep their
+    size (padding a short draft) rather than build another graph."""
+    cost = CostModel(slope=0.8)
+    prev = 0
+    for n in (1, 1, 1, 2, 2, 1, 1, 17, 17, 17, 1, 1, 5, 5, 1, 1, 9, 9, 1):
+        _h200(cost, n, prev)
+        prev = n
+    assert cost.rebuild == pytest.approx(2.7, abs=0.05)
+    assert cost.relative(17) == pytest.approx(3.59, abs=0.05)
+    assert cost.relative(2) == pytest.approx(1.14, abs=0.3)
+    assert cost.call_cost(17, 1) == pytest.approx(cost.relative(17) + 2 * cost.rebuild)
+    assert cost.call_cost(17, 17) == cost.relative(17)
+    assert speculation.best_draft_length(0.3, 16, cost, 1.05, prev=1) == 0  # novel
+    assert speculation.best_draft_length(0.7, 16, cost, 1.05, prev=1) == 0
+    assert speculation.best_draft_length(0.99, 16, cost, 1.05, prev=1) == 16  # a copy
+    # inside a run of 17-token batches a 4-token draft is padded to 17 (3.6 steps, not 1.4 + 2.7)
+    assert speculation.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=17) == 16
+    assert speculation.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=1) == 0
+    # on a CPU a new graph is cheap: the same draft is not padded
+    cpu = CostModel(slope=0.8)
+    for n, ms in ((1, 19.3), (1, 19.3), (2, 40.0), (2, 39.8), (1, 19.5), (5, 87.0), (5, 87.0), (1, 19.4)):
+        cpu.record(n, ms / 1000)
+    assert cpu.rebuild < 0.05
+    assert speculation.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
+
+
+def test_cost_model_counts_batches_timed_before_the_first_rebuild() -> None:
+    """Batches timed after another size before any plain step followed a verify hold a new
+    graph's cost; once a rebuild is timed it is taken out of them."""
+    cost = CostModel(slope=0.8)
+    prev = 0
+    for n in (1, 1, 2, 2, 2, 5, 9, 5):  # no plain step after a verify yet
+        _h200(cost, n, prev)
+        prev = n
+    assert cost.rebuild == 0.0 and cost.relative(5) > 4.0
+    for n in (1, 1):
+        _h200(cost, n, prev)
+        prev = n
+    assert cost.rebuild == pytest.approx(2.7, abs=0.05)
+    assert cost.relative(5) == pytest.approx(4.34 - 2.7, abs=0.05)  # 5 only ever after another size
+    assert cost.relative(2) == pytest.approx(1.14, abs=0.05)  # 2 was timed back to back
+
+
+def test_exactness_rule() -> None:
+    """Bit-identical only with every layer on the CPU backend and an attention model; a CUDA
+    build computes batches of 32+ tokens on the GPU whatever the layers; speculation is used
+    where it is not bit-identical only when the profile accepts the batch rounding."""
+    from velo_chat.engine.config.profile_schema import SpeculationSettings
+
+    assert speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=16) == ""
+    assert "GPU" in speculation.exactness(gpu_build=True, gpu_layers=True, hybrid=False, max_draft=16)
+    assert "32+" in speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=31)
+    assert speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=False, max_draft=64) == ""
+    assert "chunked" in speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=True, max_draft=8)
+    on = SpeculationSettings(enabled=True)
+    assert speculation.speculation_mode(on, "") == (True, "on: bit-identical to plain decoding")
+    allowed, why = speculation.speculation_mode(on, "layers on a GPU")
+    assert not allowed and why.startswith("off: a verify batch would round") and "allow_batch_rounding" in why
+    rounding = SpeculationSettings(enabled=True, allow_batch_rounding=True)
+    assert speculation.speculation_mode(rounding, "layers on a GPU") == (
+        True,
+        "on: plain decoding up to the batch rounding (layers on a GPU)",
+    )
+    assert speculation.speculation_mode(SpeculationSettings(), "x") == (False, "off")
+
+
+def test_hybrid_model_drafts_only_when_rounding_is_allowed(qwen_path: Path, tmp_path: Path, forced) -> None:
+    """Without `allow_batch_rounding` the hybrid model (chunked recurrence for a batch) does not
+    speculate, says why, and its context keeps no snapshots; with it, its turns say what they
+    guarantee."""
+    strict = _engine(qwen_path, tmp_path / "a", spec=True, speculation={"allow_batch_rounding": False})
+    loose = _engine(qwen_path, tmp_path / "b", spec=True)
+    try:
+        assert strict.speculation.startswith("off: a verify batch would round differently")
+        assert strict._require()[1].n_rs_seq == 0
+        a = _run(strict, PROSE, max_tokens=24, ignore_eos=True)
+        forced(_oracle(loose, PROSE, a[0]))
+        b = _run(loose, PROSE, max_tokens=24, ignore_eos=True)
+        assert a[1].stats.spec_rounds == 0 and a[1].stats.spec_exactness == ""
+        assert a[1].stats.to_json()["speculation"]["exactness"] == ""
+        assert loose.speculation.startswith("on: plain decoding up to the batch rounding")
+        assert b[1].stats.spec_rounds > 0 and b[1].stats.spec_exactness.startswith("batch rounding: ")
+        _same_reply(strict, PROSE, a[0], b[0], _tolerance(loose, PROSE))
+    finally:
+        strict.close()
+        loose.close()
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen"])
+def test_padded_verify_batches(request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str) -> None:
+    """Drafts of 1-5 tokens padded to the previous batch's size (every size one step, a new
+    graph half a step): the pads are never accepted and go with the rejected drafts, in the one rollback a
+    hybrid model allows, and the reply is the plain one."""
+    path = request.getfixturevalue(f"{model}_path")
+    lengths = iter([5, 2, 1, 4, 3] * 40)
+
+    class Padding(SpecStepper):
+        def __init__(self, live, sampler, settings, session):
+            super().__init__(live, sampler, settings, [*oracle, *session])
+            cost = self.cost = CostModel(slope=0.0)
+            cost.rebuild = 0.5
+            for n in [*range(2, 10)] * 2:
+                cost._batch(n, 1.0)  # every size timed, each as cheap as a token
+            cost.record = lambda n, seconds: setattr(cost, "last", n)  # type: ignore[method-assign]
+            self.index.draft = self._short
+
+        def _short(self, k: int) -> tuple[list[int], int]:
+            draft, length = NgramIndex.draft(self.index, k)
+            return draft[: next(lengths)], length
+
+    padded = [0]
+
+    def counted(self: SpecStepper, token: int, room: int) -> list[int]:
+        out = SpecStepper.step(self, token, room)
+        padded[0] = self.counters.padded
+        return out
+
+    monkeypatch.setattr(Padding, "step", counted)
+    monkeypatch.setattr(turn_runner, "SpecStepper", Padding)
+    plain = _engine(path, tmp_path / "a", spec=False)
+    spec = _engine(path, tmp_path / "b", spec=True)
+    try:
+        a = _run(plain, PROSE, max_tokens=40, ignore_eos=True)
+        oracle = _oracle(spec, PROSE, a[0])
+        tol = _tolerance(spec, PROSE)
+        b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
+        st = b[1].stats
+        assert st.spec_rounds > 2 and st.spec_accepted == st.spec_drafted  # the pads are not drafts
+        assert padded[0] > 0
+        if _same_reply(plain, PROSE, a[0], b[0], tol):
+            assert b[2] == a[2]
+    finally:
+        plain.close()
+        spec.close()
+
+
 # -- exactness on SmolLM2 (attention) ---------------------------------------------------------
 
 
@@ -173,17 +398,22 @@ def test_smollm2_greedy_identical(smollm2_path: Path, tmp_path: Path, request, m
     plain = _engine(smollm2_path, tmp_path / "a", spec=False)
     spec = _engine(smollm2_path, tmp_path / "b", spec=True)
     try:
+        tol = _tolerance(spec, messages)
         a = _run(plain, messages, max_tokens=96)
         b = _run(spec, messages, max_tokens=96)
-        assert b[0] == a[0] and b[1].text == a[1].text and b[2] == a[2]
-        assert b[1].stats.finish_reason == a[1].stats.finish_reason
         st = b[1].stats
+        exactness = st.spec_exactness
+        assert exactness.startswith("batch rounding: ") if tol else exactness == "bit-identical"
+        if not _same_reply(plain, messages, a[0], b[0], tol):
+            return  # on a GPU: diverged at a near-tie (asserted), the rest is another reply
+        assert b[1].text == a[1].text and b[2] == a[2]
+        assert b[1].stats.finish_reason == a[1].stats.finish_reason
         if messages is COPY:  # the copy is drafted and mostly accepted
             assert st.spec_rounds > 0 and st.spec_acceptance > 0.5 and st.tokens_per_call > 1.2
         assert st.to_json()["speculation"]["drafted"] == st.spec_drafted
         # the follow-up turn starts from the same context and gives the same reply
         follow = [*messages, ChatMessage("assistant", a[1].text), ChatMessage("user", "Thanks. Again?")]
-        assert _run(spec, follow, max_tokens=24)[:1] == _run(plain, follow, max_tokens=24)[:1]
+        _follow_up(plain, spec, follow, 24, tol)
     finally:
         plain.close()
         spec.close()
@@ -199,9 +429,11 @@ def test_smollm2_draft_with_end_of_generation(smollm2_path: Path, tmp_path: Path
         assert a[1].stats.finish_reason == "stop"
         eog = plain._require()[0].tokenize("<|im_end|>", parse_special=True)
         forced(_oracle(spec, SHORT, [*a[0], *eog, 5, 6, 7]))
+        tol = _tolerance(spec, SHORT)
         b = _run(spec, SHORT, max_tokens=200)
-        assert b[0] == a[0] and b[1].stats.finish_reason == "stop" and b[2] == a[2]
-        assert b[1].stats.spec_accepted > len(a[0]) // 2
+        if _same_reply(plain, SHORT, a[0], b[0], tol):
+            assert b[1].stats.finish_reason == "stop" and b[2] == a[2]
+            assert b[1].stats.spec_accepted > len(a[0]) // 2
     finally:
         plain.close()
         spec.close()
@@ -215,9 +447,11 @@ def test_smollm2_draft_runs_to_the_end_of_the_context(smollm2_path: Path, tmp_pa
         a = _run(plain, PROSE, max_tokens=400, ignore_eos=True)
         assert a[1].stats.finish_reason == "context"
         forced(_oracle(spec, PROSE, [*a[0], *a[0]]))
+        tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=400, ignore_eos=True)
-        assert b[0] == a[0] and b[1].stats.finish_reason == "context" and b[2] == a[2]
-        assert b[1].stats.spec_rounds > 0
+        assert b[1].stats.finish_reason == "context" and b[1].stats.spec_rounds > 0
+        if _same_reply(plain, PROSE, a[0], b[0], tol):
+            assert b[2] == a[2]
     finally:
         plain.close()
         spec.close()
@@ -235,13 +469,16 @@ def test_cancel_in_the_middle_of_a_verify_batch(request, tmp_path: Path, forced,
         plain.reset()
         a = _run(plain, PROSE, max_tokens=24, ignore_eos=True, cancel_after=5)
         forced(_oracle(spec, PROSE, full[0]))
+        tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=24, ignore_eos=True, cancel_after=5)
         assert b[1].stats.finish_reason == a[1].stats.finish_reason == "cancelled"
-        assert b[0] == a[0] == full[0][:5] and b[2] == a[2]
-        assert b[1].stats.spec_rounds == 1 and b[1].stats.spec_accepted == 8  # one batch: 1 + 8 tokens
+        assert a[0] == full[0][:5] and len(b[0]) == 5 and b[1].stats.spec_rounds == 1
+        if _same_reply(plain, PROSE, a[0], b[0], tol):
+            assert b[2] == a[2]
+            assert b[1].stats.spec_accepted == 8  # one batch: 1 + 8 tokens
         follow = [*PROSE, ChatMessage("assistant", a[1].text), ChatMessage("user", "More.")]
         forced([])
-        assert _run(spec, follow, max_tokens=16)[0] == _run(plain, follow, max_tokens=16)[0]
+        _follow_up(plain, spec, follow, 16, tol)
     finally:
         plain.close()
         spec.close()
@@ -263,8 +500,11 @@ def test_qwen_greedy_identical(qwen_path: Path, tmp_path: Path, forced, kind: st
             "accepted-then-none": a[0][:20],
         }[kind]
         forced(_oracle(spec, PROSE, oracle) if oracle else [])
+        tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=48, ignore_eos=True)
-        assert b[0] == a[0] and b[2] == a[2]
+        if not _same_reply(plain, PROSE, a[0], b[0], tol):
+            return  # on a GPU: diverged at a near-tie (asserted)
+        assert b[2] == a[2]
         st = b[1].stats
         if kind == "zero":
             assert st.spec_drafted == 0
@@ -279,7 +519,7 @@ def test_qwen_greedy_identical(qwen_path: Path, tmp_path: Path, forced, kind: st
         # the next turn (from the follow-up boundary) agrees too
         forced([])
         follow = [*PROSE, ChatMessage("assistant", a[1].text), ChatMessage("user", "More.")]
-        assert _run(spec, follow, max_tokens=16)[0] == _run(plain, follow, max_tokens=16)[0]
+        _follow_up(plain, spec, follow, 16, tol)
     finally:
         plain.close()
         spec.close()
@@ -287,14 +527,18 @@ def test_qwen_greedy_identical(qwen_path: Path, tmp_path: Path, forced, kind: st
 
 def test_qwen_rollback_is_exact(qwen_path: Path, tmp_path: Path) -> None:
     """After a rejected draft is rolled back, the next logits are those of a run that never saw
-    the rejected tokens (the same accepted tokens, decoded in a batch of their own); and a state
-    saved right after the rollback resumes to the same logits."""
+    the rejected tokens (the same accepted tokens, decoded in a batch of their own): to the bit
+    on the CPU, within the batch rounding on a GPU (the two batches differ in size, and so in
+    CUDA's kernels), where the run that did see them must differ by more than that; and a state
+    saved right after the rollback resumes to the same logits, to the bit (one-token steps
+    from the same state)."""
     engine = _engine(qwen_path, tmp_path / "a", spec=True)
     other = _engine(qwen_path, tmp_path / "b", spec=True)
     try:
         _model, ctx, live = engine._require()
         _model2, ctx2, live2 = other._require()
         assert ctx.n_rs_seq == 8 and live.max_draft == 8
+        tol = _tolerance(engine, PROSE)
         prompt = engine.tokens_for(PROSE, engine.template_variables())
         pending, chain = prompt[-1], prompt[3:12]  # any tokens will do as "accepted" ones
         for accepted in (0, 2, 5):
@@ -312,7 +556,7 @@ def test_qwen_rollback_is_exact(qwen_path: Path, tmp_path: Path) -> None:
             live2.extend(prompt[:-1])
             live2.verify([pending, *chain[:accepted]])
             live2.append(chain[accepted])
-            np.testing.assert_array_equal(after, live2.logits())
+            np.testing.assert_allclose(after, live2.logits(), rtol=0, atol=tol)
             # resume from the state saved right after the rollback, in the other context
             assert ctx2.set_state(state)
             assert ctx2.decode_one(chain[accepted]) == 0
@@ -323,7 +567,7 @@ def test_qwen_rollback_is_exact(qwen_path: Path, tmp_path: Path) -> None:
             live.extend(prompt[:-1])
             live.verify([pending, *draft])
             live.append(chain[accepted])
-            assert np.abs(live.logits() - after).max() > 1e-3
+            assert np.abs(live.logits() - after).max() > max(tol, 1e-3)
     finally:
         engine.close()
         other.close()
@@ -399,9 +643,12 @@ def test_seeded_sampling_gives_the_same_tokens(smollm2_path: Path, tmp_path: Pat
     try:
         a = _run(plain, PROSE, max_tokens=40, ignore_eos=True)
         forced(_oracle(spec, PROSE, _corrupt(a[0], 6)))
+        tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
-        assert b[0] == a[0] and b[2] == a[2]
-        assert 0 < b[1].stats.spec_accepted < b[1].stats.spec_drafted
+        assert 0 < b[1].stats.spec_accepted  # drafts were verified
+        # on a GPU a rounded probability may move a draw: the token is still one the chain draws from
+        if _same_reply(plain, PROSE, a[0], b[0], tol, top_k=sampling["top_k"]):
+            assert b[2] == a[2] and b[1].stats.spec_accepted < b[1].stats.spec_drafted
     finally:
         plain.close()
         spec.close()
@@ -417,9 +664,11 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
     """`bench --spec`'s replay row: the plain reply in the draft source is drafted and accepted
     (nearly every token) and the speculative run gives the same tokens."""
     with _engine(qwen_path, tmp_path, spec=True, speculation={"batch_cost_prior": 0.0}) as engine:
+        tol = _tolerance(engine, PROSE)
         result = engine.spec_replay(PROSE, 96)
         c = result.counters
-        assert result.identical and result.tokens == 96
+        assert result.tokens == 96 and result.identical == (result.spec == result.plain)
+        _same_reply(engine, PROSE, result.plain, result.spec, tol)
         assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
         assert c.decode_calls < 48
         assert engine._require()[2].tokens == ()  # left empty
@@ -488,7 +737,9 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
     with _engine(qwen_path, tmp_path, spec=True, context={"n_ctx": 4096}) as engine:
         s = spec_section(engine, decode_tokens=24, repeats=1, note=lambda _line: None)
         for row in ("copy-edit", "novel", "replay"):
-            assert s[row]["identical"] and s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
+            assert s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
+            assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding
+        assert s["speculation"] == engine.speculation
         assert s["replay"]["decode_tokens"] == 24 and s["replay"]["drafted"] > 0
         assert set(s["cost"]) == set(s["cost_alternating"]) == {"1", "2", "3", "5", "9"}  # max_draft 8
         gpu = engine._require()[1].thread_plan.gpu_resident
@@ -511,8 +762,11 @@ def test_verify_logit_differences(request, tmp_path: Path, model: str) -> None:
         assert set(d["max_abs_diff"]) == ({2, 4, 8} if model == "qwen" else {2, 4, 8, 16})
         assert d["positions"] == 12 and d["min_top2_gap"] >= 0
         assert engine._require()[2].tokens == ()
-        if engine._require()[1].thread_plan.gpu_resident:
-            return  # CUDA's batch kernels: measured by benchmarks/spec_logits.py, not assumed
+        if _on_gpu(engine):  # CUDA's batch kernels round otherwise: an argmax may change only
+            # where the two best logits are closer than twice the difference
+            if sum(d["argmax_differs"].values()):
+                assert d["min_top2_gap"] <= 2 * max(d["max_abs_diff"].values())
+            return
         assert sum(d["argmax_differs"].values()) == 0
         if model == "smollm2":
             assert all(v == 0.0 for v in d["max_abs_diff"].values())

@@ -74,7 +74,11 @@ def spec_section(
 ) -> dict[str, Any]:
     loaded = engine.profile
     spec = loaded.speculation
-    out: dict[str, Any] = {"max_draft": spec.max_draft, "min_match": spec.min_match}
+    out: dict[str, Any] = {
+        "max_draft": spec.max_draft,
+        "min_match": spec.min_match,
+        "speculation": engine.speculation,  # the guarantee: bit-identical or up to batch rounding
+    }
     try:
         with engine.checkpoints_at(None):
             for name, messages in workloads().items():
@@ -164,6 +168,8 @@ def _replay(engine: Engine, decode_tokens: int, repeats: int, note: Callable[[st
 
 def format_spec_lines(s: dict[str, Any]) -> list[str]:
     lines = ["", f"speculation  max_draft {s['max_draft']}, min_match {s['min_match']}"]
+    if s.get("speculation"):
+        lines.append(f"  {s['speculation']}")
     lines.append(
         f"{'workload':>12} {'off tok/s':>10} {'on tok/s':>9} {'x':>6} {'accept':>7} {'tok/call':>9} identical"
     )

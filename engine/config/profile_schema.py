@@ -276,15 +276,29 @@ class ReasoningSettings:
 class SpeculationSettings:
     """Exact n-gram speculation: the reply's next tokens are drafted from text already in the
     session (the prompt, earlier replies, the reply so far) and verified in one batch; the
-    output is the one plain decoding gives (docs/speculation.md)."""
+    output is the one plain decoding gives, to the bit where a verify batch's logits equal
+    one-token steps' (every layer on the CPU, an attention model), and otherwise only with
+    `allow_batch_rounding` (docs/speculation.md)."""
 
     enabled: bool = setting(
         False,
         "Draft from the session and verify drafts in one batch. Wins where replies repeat "
         "session text (code edits given back whole) and the backend computes a batch of tokens "
-        "for little more than one; novel text drafts nothing. On a hybrid model the context "
-        "then keeps `max_draft` recurrent-state snapshots (more state memory, and checkpoints "
-        "saved without them are not reused).",
+        "for little more than one; novel text drafts nothing. Used only where the output stays "
+        "bit-identical to plain decoding, unless `allow_batch_rounding` (the model's load "
+        "message says which). On a hybrid model the context then keeps `max_draft` "
+        "recurrent-state snapshots (more state memory, and checkpoints saved without them are "
+        "not reused).",
+        reload="context",
+    )
+    allow_batch_rounding: bool = setting(
+        False,
+        "Also speculate where a verify batch's logits are not bit-identical to one-token "
+        "steps': with layers on a GPU (CUDA computes a batch with other kernels: measured on "
+        "an H200, logits differ by up to 2.9 for SmolLM2 Q4_1 and 0.023 for a small f32 "
+        "model) and on hybrid models (a batch takes the recurrence's chunked path: 6e-4 on "
+        "the CPU). The output is then the model's up to that rounding: greedy text can take "
+        "another token where the two best logits are that close, and then goes on differently.",
         reload="context",
     )
     max_draft: int = setting(
@@ -314,7 +328,8 @@ class SpeculationSettings:
         0.8,
         "What each extra token of a verify batch is assumed to cost, as a fraction of a "
         "one-token step, until batches have been timed in the turn (then the measured value "
-        "is used): about 0.05 on a GPU, 0.6-0.9 for a small model on a CPU.",
+        "is used, with what a new graph costs when the batch size changes): about 0.05-0.2 on "
+        "a GPU, 0.6-0.9 for a small model on a CPU.",
         min=0.0,
         max=2.0,
     )
