@@ -8,8 +8,8 @@ the profile's `max_draft`), the prompt prefilled alike (`Engine.verify_logit_dif
 Prints one JSON object: the largest absolute logit difference per batch size, at how many
 positions the argmax differs, and the smallest gap between the two best logits of the
 one-token chain (greedy output can only differ where a difference exceeds such a gap:
-docs/speculation.md). The profile needs `speculation.enabled` on a hybrid model (its context
-keeps the snapshots a verify batch needs).
+docs/speculation.md). The profile needs `speculation.enabled` and `allow_batch_rounding` on a
+hybrid model (its context then keeps the snapshots a verify batch needs).
 """
 
 from __future__ import annotations

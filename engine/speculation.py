@@ -197,17 +197,18 @@ class CostModel:
     Beyond the largest size measured the cost is taken as that size's (optimistic): where the
     acceptance is high enough for that to pay, the longest draft is tried and so measured, and
     the line then says what it costs. Before any batch is measured the profile's
-    `batch_cost_prior` prices each extra token. The first batch of each size is not counted:
-    llama.cpp allocates for a new batch shape, a GPU backend may also load kernels, which the
-    same batch never pays again (measured: the first two-token verify of a turn took over ten
-    steps on the CPU)."""
+    `batch_cost_prior` prices each extra token. A size timed once is priced no dearer than the
+    prior, and at its second timing the lower of the two counts: the first batch of a size may
+    pay an allocation, a GPU backend may load kernels (measured: the first two-token verify of
+    a turn took over ten steps on the CPU), or a batch may be descheduled, and believed, one
+    such time priced drafts out for the rest of the turn. (The first batch of each size used
+    to be dropped instead; with new graphs priced, that kept a turn on the prior too long.)"""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
         self.prior = slope
         self.alpha = alpha
         self._one: float | None = None
         self._steady = False  # `_one` timed from a step that followed a step
-        self._seen: set[int] = set()
         self.measured: dict[int, float] = {}  # batch size -> its cost in one-token steps
         self._line = (1.0 - slope, slope)  # relative(n) = a + b * n between measured sizes
         self._top = 0  # the largest size measured
@@ -240,8 +241,6 @@ class CostModel:
                         self.measured[size] = max(self.measured[size] - r, 0.5)
                     if sizes:
                         self._fit()
-        elif n not in self._seen:
-            self._seen.add(n)
         elif self._one:
             pending = self._switched_only
             if n == prev:
