@@ -80,7 +80,8 @@ done
 export VELO_TEST_QWEN=$tiny VELO_TEST_GPU_LAYERS=$layers
 export VELO_TEST_CACHE=$home/test-data
 mkdir -p "$VELO_TEST_CACHE"
-select="qwen or ngram or draft_length or speculative_sampling or replay or cost_model or decode_threads or bench_spec"
+select="qwen or hybrid or exactness or ngram or draft_length or speculative_sampling or replay"
+select="$select or cost_model or decode_threads or bench_spec"
 if [ -n "$smol" ] && [ -f "$smol" ]; then
   ln -sf "$(cd "$(dirname "$smol")" && pwd)/$(basename "$smol")" \
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -81,13 +81,13 @@ def speculation_mode(settings: SpeculationSettings, rounding: str) -> tuple[bool
     """Whether speculation may draft on this setup (its settings and `exactness`), and its
     guarantee in words (the model's load message): bit-identical to plain decoding, or the same
     model up to the backend's batch rounding where `allow_batch_rounding` accepts that."""
-    if not rounding:
-        return True, "on: bit-identical to plain decoding" if settings.enabled else "off"
-    if settings.allow_batch_rounding:
-        state = "on" if settings.enabled else "off"
-        return True, f"{state}: plain decoding up to the batch rounding ({rounding})"
+    allowed = not rounding or settings.allow_batch_rounding
     if not settings.enabled:
-        return False, "off"
+        return allowed, "off"
+    if not rounding:
+        return True, "on: bit-identical to plain decoding"
+    if allowed:
+        return True, f"on: plain decoding up to the batch rounding ({rounding})"
     return False, (
         f"off: a verify batch would round differently from one-token steps ({rounding}); "
         "speculation.allow_batch_rounding accepts that"

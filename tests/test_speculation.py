@@ -697,7 +697,9 @@ def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, f
         a = _run(plain, PROSE, max_tokens=40, ignore_eos=True)
         forced(_oracle(spec, PROSE, a[0]))
         b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
-        assert b[0] == a[0] and b[1].stats.spec_rounds > 0
+        tol = _tolerance(spec, PROSE)
+        _same_reply(plain, PROSE, a[0], b[0], tol)
+        assert b[1].stats.spec_rounds > 0
         live.verify(a[0][:3])
         assert ll.llama_n_threads_batch(ctx.ctx) == 1 and spec.verify_threads == "decode"
         live.extend(spec.tokens_for(SHORT)[:8])  # a prefill: back on its own threads
@@ -707,7 +709,7 @@ def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, f
         assert set(costs) == {1, 2, 3} and ctx.verify_on_decode_threads  # put back
         assert set(spec.verify_batch_costs(PROSE, (1, 2, 3), 2, alternate=True)) == {1, 2, 3}
         forced(_oracle(spec, PROSE, a[0]))
-        assert _run(spec, PROSE, max_tokens=40, ignore_eos=True)[0] == a[0]
+        _same_reply(plain, PROSE, a[0], _run(spec, PROSE, max_tokens=40, ignore_eos=True)[0], tol)
     finally:
         plain.close()
         spec.close()
