@@ -99,3 +99,22 @@ def test_each_step_up_costs_gibibytes_the_page_cache_no_longer_has(tables) -> No
     total = {n: sum(t.values()) for n, t in tables.items()}
     assert total["spark-qwen38-long"] - total["spark-qwen38"] > 2 * GIB
     assert total["spark-qwen38"] - total["spark-qwen38-lowmem"] > 1 * GIB
+
+
+def test_snapshots_count_only_where_the_engine_keeps_them() -> None:
+    """A hybrid model drafts, and keeps a recurrent-state snapshot per draft token, only when the
+    profile accepts the batch rounding: the recurrent row grows by (1 + max_draft) then alone."""
+    import dataclasses
+
+    base = shipped_profile("spark-qwen38")
+    assert base is not None
+
+    def rs(**spec: object) -> int:
+        p = dataclasses.replace(base, speculation=dataclasses.replace(base.speculation, **spec))
+        terms = estimate(p, _qwen38_like(), gpu_offload=True, integrated_gpu=True)
+        return next(t.bytes for t in terms if t.key == "rs_gpu")
+
+    off = rs(enabled=False)
+    assert rs(enabled=True, allow_batch_rounding=False) == off
+    drafted = rs(enabled=True, allow_batch_rounding=True, max_draft=16)
+    assert drafted > off and drafted == pytest.approx(off * 17, rel=0.01)

@@ -89,9 +89,13 @@ def n_ctx_of(profile: Profile, facts: ModelFacts) -> int:
 def n_rs_seq_of(profile: Profile, facts: ModelFacts) -> int:
     """Recurrent-state snapshots per sequence: with speculative decoding on a hybrid model the
     engine keeps one per draft token (`speculation.max_draft`), so a rejected draft can be
-    rolled back; none otherwise."""
+    rolled back; none otherwise. A hybrid model's verify batches are never bit-identical to
+    one-token steps, so it drafts (and keeps snapshots) only where the profile accepts the
+    batch rounding (`engine/speculation.py: speculation_mode`)."""
     spec = profile.speculation
     if not facts.hybrid or not getattr(spec, "enabled", False):
+        return 0
+    if not getattr(spec, "allow_batch_rounding", False):
         return 0
     return int(getattr(spec, "max_draft", 0) or 0)
 
