@@ -36,6 +36,18 @@ def _mib(n: int | None) -> str:
     return "—" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
+def speculation_line(mode: str) -> tuple[bool, str]:
+    """The panel's speculation line from the engine's mode (`ModelLoaded.speculation`): whether
+    it drafts, and in a few words its guarantee or why it does not draft."""
+    if mode.startswith("on: bit-identical"):
+        return True, "on (exact)"
+    if mode.startswith("on"):
+        return True, "on (batch rounding)"
+    if mode.startswith("off:"):
+        return False, "off (needs allow_batch_rounding)"
+    return False, "off"
+
+
 def _rate(x: float) -> str:
     return f"{x:,.1f}" if x < 1000 else f"{x:,.0f}"
 
@@ -121,6 +133,8 @@ class LivePanel(Vertical):
             )
             lines += f"\nPLE {info.ple_gather}{splits}"
         self.query_one("#panel-model", Static).update(lines)
+        if info.speculation:  # what the engine made of the profile's setting on this model
+            self.speculation_enabled, self.speculation = speculation_line(info.speculation)
         self._render_context()
 
     def model_failed(self, reason: str) -> None:

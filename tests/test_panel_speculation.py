@@ -1,0 +1,44 @@
+"""The live panel's speculation line follows what the engine made of the setting on the loaded
+model (`ModelLoaded.speculation`, from `speculation_mode`), not only the profile's switch: a
+setup where verify batches would round differently and the profile does not accept that shows
+"off" with the reason, and the turn's drafts are not reported as if it drafted."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from velo_chat.app.widgets.telemetry.panel import LivePanel, speculation_line
+from velo_chat.engine.config.profile_schema import SpeculationSettings
+from velo_chat.engine.speculation import speculation_mode
+
+from tests.support.tui_helpers import fake_app
+from tests.test_tui_flows import SIZE, ready
+
+
+def _mode(rounding: str, **settings: object) -> str:
+    return speculation_mode(SpeculationSettings(**settings), rounding)[1]
+
+
+def test_each_engine_mode_has_its_line() -> None:
+    assert speculation_line(_mode("", enabled=True)) == (True, "on (exact)")
+    assert speculation_line(_mode("layers on a GPU", enabled=True, allow_batch_rounding=True)) == (
+        True,
+        "on (batch rounding)",
+    )
+    assert speculation_line(_mode("layers on a GPU", enabled=True)) == (
+        False,
+        "off (needs allow_batch_rounding)",
+    )
+    assert speculation_line(_mode("", enabled=False)) == (False, "off")
+
+
+async def test_the_panel_takes_the_engines_word_at_load(tmp_path) -> None:
+    app, _factory = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        panel = screen.query_one(LivePanel)
+        panel.set_speculation(True)  # the profile's switch
+        refused = _mode("a hybrid model's recurrence takes its chunked path", enabled=True)
+        panel.model_ready(dataclasses.replace(screen._model_info, speculation=refused), "m")
+        await pilot.pause()
+        assert not panel.speculation_enabled and panel.speculation == "off (needs allow_batch_rounding)"
