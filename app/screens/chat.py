@@ -63,6 +63,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self.busy = False
         self.model_ready = False
         self._cancel = threading.Event()
+        self._line_says_prefill = False  # the line under the composer shows prefill progress
         self._load_cancel = threading.Event()
         self._load_id = 0  # messages of an older load are stale and ignored
         self._activate_on_ready = False  # make the loading profile the saved active one
@@ -189,6 +190,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         transcript.follow()
         self.query_one(LivePanel).turn_sent()
         self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
+        self._line_says_prefill = False
         self._generate(
             TurnRequest(
                 text,
@@ -242,8 +244,12 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self.query_one("#preview-line", Static).update(
             f"prefilling {p.done:,}/{p.total:,} · ETA {p.eta_s:.1f} s · Esc stops"
         )
+        self._line_says_prefill = True
 
     async def on_tokens_streamed(self, msg: TokensStreamed) -> None:
+        if self._line_says_prefill:  # the prefill is over: its progress would read stale
+            self._line_says_prefill = False
+            self.query_one("#preview-line", Static).update("[i]replying… Esc stops[/i]")
         if self._reply is not None:
             self.query_one(Transcript).freeze_history()  # what the reply pushed up since
             await self._reply.stream_text(msg.text, msg.reasoning)

@@ -1,0 +1,33 @@
+"""The line under the composer follows the turn: prefill progress while the prompt is read,
+then "replying" once tokens stream (not the last prefill figures, "prefilling N/N · ETA 0.0 s",
+left standing for the whole reply)."""
+
+from __future__ import annotations
+
+from textual.widgets import Static
+
+from tests.support.fake_engine import FakeScript
+from tests.support.tui_helpers import fake_app
+from tests.test_tui_flows import SIZE, chat, until
+from velo_chat.app.widgets.composer.composer import Composer
+
+
+def _line(screen) -> str:
+    return str(screen.query_one("#preview-line", Static).render())
+
+
+async def test_the_line_says_replying_once_tokens_stream(tmp_path):
+    script = FakeScript(reply="one two three four five six", pause_after=3)
+    app, _ = fake_app(tmp_path, script)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = chat(app)
+        await until(pilot, lambda: screen.model_ready)
+        screen.query_one(Composer).load_text("count")
+        await pilot.press("enter")
+        await until(pilot, lambda: screen._reply is not None and screen._reply.text)
+        await pilot.pause()
+        assert _line(screen).startswith("replying"), _line(screen)
+        assert "prefilling" not in _line(screen)
+        script.gate.set()
+        await until(pilot, lambda: not screen.busy)
+        assert not _line(screen).startswith("replying")  # the next turn's preview again
