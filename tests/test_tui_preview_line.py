@@ -8,7 +8,7 @@ from textual.widgets import Static
 
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
-from tests.test_tui_flows import SIZE, chat, until
+from tests.test_tui_flows import SIZE, ready, until
 from velo_chat.app.widgets.composer.composer import Composer
 
 
@@ -20,10 +20,9 @@ async def test_the_line_says_replying_once_tokens_stream(tmp_path):
     script = FakeScript(reply="one two three four five six", pause_after=3)
     app, _ = fake_app(tmp_path, script)
     async with app.run_test(size=SIZE) as pilot:
-        screen = chat(app)
-        await until(pilot, lambda: screen.model_ready)
+        screen = await ready(pilot)
         screen.query_one(Composer).load_text("count")
-        await pilot.press("enter")
+        await pilot.press("enter")  # the script holds the reply after 3 tokens
         await until(pilot, lambda: screen._reply is not None and screen._reply.text)
         await pilot.pause()
         assert _line(screen).startswith("replying"), _line(screen)
