@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -107,19 +106,6 @@ class Turn:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-GRAPH_SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
-
-
-def decode_graph_splits(lines: Sequence[str]) -> int:
-    """The graph splits of a decode step, from llama.cpp's line at context creation
-    ("graph_reserve: ... splits = <prefill> / <decode step>"); 0 when it logged none. Each split
-    is a hand-over between backends (a GPU waiting on a CPU op, and back)."""
-    found = [m for m in map(GRAPH_SPLITS.search, lines) if m]
-    if not found:
-        return 0
-    return int(found[-1].group(2) or found[-1].group(1))
 
 
 class Engine(EngineFacts):
@@ -249,7 +235,7 @@ class Engine(EngineFacts):
             ple_gather=model.ple_mode,
             ple_reason=model.ple_reason,
             ple_table=model.ple_table,
-            graph_splits=decode_graph_splits(made),
+            graph_splits=llama_log.decode_graph_splits(made),
             speculation=spec_mode,
         )
         if spec.enabled:

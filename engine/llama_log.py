@@ -12,8 +12,9 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .config import locations
@@ -111,3 +112,16 @@ def setup_file_logging(path: str, level: int = logging.INFO) -> logging.Handler:
     root.addHandler(handler)
     root.setLevel(level)
     return handler
+
+
+GRAPH_SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
+
+
+def decode_graph_splits(lines: Sequence[str]) -> int:
+    """The graph splits of a decode step, from llama.cpp's line at context creation
+    ("graph_reserve: ... splits = <prefill> / <decode step>"); 0 when it logged none. Each split
+    is a hand-over between backends (a GPU waiting on a CPU op, and back)."""
+    found = [m for m in map(GRAPH_SPLITS.search, lines) if m]
+    if not found:
+        return 0
+    return int(found[-1].group(2) or found[-1].group(1))

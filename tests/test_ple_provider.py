@@ -178,17 +178,25 @@ class _Run:
 SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
 
 
-def _run(path: Path, mode: str, n_prompt: int, n_new: int, caplog, plant=None) -> _Run:
-    """Prefill `n_prompt` random tokens in one ubatch, then `n_new` greedy single-token steps,
-    every layer on the GPU. `plant(provider)`: a bug planted in the loaded provider."""
+def _load(path: Path, mode: str):
+    """The GPU profile both runs use, and the model loaded on the `mode` PLE path."""
     profile = test_profile(
         path,
         model={"n_gpu_layers": -1, "ple_gather": mode},
         context={"n_ctx": 2048, "n_batch": 512, "n_ubatch": 512, "n_threads": 1, "n_threads_batch": 1},
     )
     model = LlamaModel(path, profile.model)
+    if model.ple_mode != mode:
+        model.close()
+        raise AssertionError(model.ple_reason)
+    return profile, model
+
+
+def _run(path: Path, mode: str, n_prompt: int, n_new: int, caplog, plant=None) -> _Run:
+    """Prefill `n_prompt` random tokens in one ubatch, then `n_new` greedy single-token steps,
+    every layer on the GPU. `plant(provider)`: a bug planted in the loaded provider."""
+    profile, model = _load(path, mode)
     try:
-        assert model.ple_mode == mode, model.ple_reason
         if plant is not None:
             plant(model.ple)
         caplog.clear()
@@ -306,14 +314,8 @@ def test_bad_row_id_fails_the_decode_in_the_c_launch(ple_models, caplog) -> None
 def _greedy_after(path: Path, mode: str, head: list[int], tail: list[int], n_new: int, state=None):
     """Decode `head` (or restore `state`, saved after it), then `tail` in one batch, then
     `n_new` greedy tokens on the `mode` path. Returns (state after head, tokens, last logits)."""
-    profile = test_profile(
-        path,
-        model={"n_gpu_layers": -1, "ple_gather": mode},
-        context={"n_ctx": 2048, "n_batch": 512, "n_ubatch": 512, "n_threads": 1, "n_threads_batch": 1},
-    )
-    model = LlamaModel(path, profile.model)
+    profile, model = _load(path, mode)
     try:
-        assert model.ple_mode == mode, model.ple_reason
         ctx = LlamaContext(model, profile.context, n_gpu_layers=-1)
         try:
             if state is None:

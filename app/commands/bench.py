@@ -6,8 +6,10 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import Any
 
 from velo_chat.engine.bench.remote import run_remote_bench
+from velo_chat.engine.bench.result import BenchResult
 from velo_chat.engine.bench.run import format_table, run_bench
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.engine import Engine
@@ -58,18 +60,8 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(profile, args.model, quiet=args.json)
     try:
         if isinstance(engine, Engine):
-            result = run_bench(
-                engine,
-                profile_name=profile.name,
-                prefill_sizes=sizes,
-                decode_tokens=args.decode_tokens,
-                repeats=args.repeats,
-                resume_tokens=0 if args.no_resume else args.resume_tokens,
-                load=args.load,
-                load_same_session=args.load_same_session,
-                thread_counts=thread_counts,
-                on_progress=note,
-                spec=args.spec,
+            result = _local(
+                engine, args, profile.name, sizes, thread_counts, on_progress=note, spec=args.spec
             )
         else:  # a remote server: the sections it can answer
             result = run_remote_bench(
@@ -88,6 +80,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local(
+    engine: Engine,
+    args: argparse.Namespace,
+    name: str,
+    sizes: tuple[int, ...],
+    thread_counts: tuple[int, ...],
+    **extra: Any,
+) -> BenchResult:
+    """The in-process engine's benchmark with the command line's settings."""
+    return run_bench(
+        engine,
+        profile_name=name,
+        prefill_sizes=sizes,
+        decode_tokens=args.decode_tokens,
+        repeats=args.repeats,
+        resume_tokens=0 if args.no_resume else args.resume_tokens,
+        load=args.load,
+        load_same_session=args.load_same_session,
+        thread_counts=thread_counts,
+        **extra,
+    )
+
+
 def _run_ple(
     args: argparse.Namespace,
     profile: Profile,
@@ -104,17 +119,7 @@ def _run_ple(
         try:
             assert isinstance(engine, Engine)  # a remote profile was refused above
             results.append(
-                run_bench(
-                    engine,
-                    profile_name=f"{profile.name} (ple_gather = {mode})",
-                    prefill_sizes=sizes,
-                    decode_tokens=args.decode_tokens,
-                    repeats=args.repeats,
-                    resume_tokens=0 if args.no_resume else args.resume_tokens,
-                    load=args.load,
-                    load_same_session=args.load_same_session,
-                    thread_counts=thread_counts,
-                )
+                _local(engine, args, f"{profile.name} (ple_gather = {mode})", sizes, thread_counts)
             )
         finally:
             engine.close()
