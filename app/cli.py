@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
         "one of their own (like a compile in another terminal)",
     )
     bench.add_argument(
+        "--load-cgroup",
+        action="store_true",
+        help="start the busy processes in a cgroup beside velo-chat's, as a desktop runs a "
+        "compile started in another terminal tab (needs cgroup v2 and write access there)",
+    )
+    bench.add_argument(
         "--threads",
         dest="thread_counts",
         default="",

@@ -45,6 +45,7 @@ def test_doctor_json_has_every_field_and_the_fit_table(qwen_path: Path):
     assert {"version", "gpu_offload", "cuda", "ple_patch", "system_info"} <= set(d["llama_cpp"])
     assert d["memory"]["available"] > 0 and d["memory"]["total"] >= d["memory"]["available"]
     assert d["cpu"]["cores"] >= 1 and d["cpu"]["load1"] >= 0
+    assert {"path", "cpu_separated", "others", "shared", "others_cores"} == set(d["cpu"]["cgroup"])
     assert d["model"]["ok"] and d["model"]["shards"][0]["bytes"] == qwen_path.stat().st_size
     assert d["fit"]["fits"] and "verdict: fits" in d["fit"]["table"]
     assert {t["key"] for t in d["fit"]["terms"]} >= {"weights_cpu", "ple", "kv_cpu", "rs_cpu", "compute_cpu"}

@@ -298,7 +298,12 @@ def test_the_choice_shows_in_print_config_and_bench(velo_home):
     assert [r["decode_threads"] for r in data["sections"]["threads"]["fixed"]] == [1]
     load = data["sections"]["load"]
     assert load["busy_processes"] == 1 and load["over_idle"] > 0 and not load["same_session"]
+    assert not load["cgroup"] and set(load["own_cgroup"]) >= {"path", "cpu_separated", "others"}
     assert [r["decode_threads"] for r in load["fixed"]] == [1]
+
+    for args in (("--load-cgroup",), ("--load", "1", "--load-cgroup", "--load-same-session")):
+        bad = run_cli("bench", *args)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--load-cgroup" in bad.stderr
 
     bad = run_cli("bench", "--threads", "0,x")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--threads" in bad.stderr

@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
+from velo_chat.engine import cpu_group
 from velo_chat.engine.bench.remote import run_remote_bench
 from velo_chat.engine.bench.result import BenchResult
 from velo_chat.engine.bench.run import format_table, run_bench
@@ -39,6 +41,16 @@ def _ple_modes(raw: str) -> tuple[str, ...]:
     return modes
 
 
+def _check_load_cgroup(args: argparse.Namespace) -> None:
+    """Refuse `--load-cgroup` in one line before the model loads where it cannot work."""
+    if args.load_same_session or not args.load:
+        raise UserError("--load-cgroup needs --load N and goes without --load-same-session")
+    try:
+        cpu_group.remove(cpu_group.make_sibling(f"velo-chat-busy-{os.getpid()}"))
+    except cpu_group.CgroupError as exc:
+        raise UserError(f"--load-cgroup: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     sizes = _sizes(args.prefill_sizes)
     thread_counts = _sizes(args.thread_counts, "--threads", empty_ok=True)
@@ -48,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             "--ple compares the in-process engine's PLE paths: not with --spec or a remote profile"
         )
+    if args.load_cgroup:
+        _check_load_cgroup(args)
     if ple_modes:
         return _run_ple(args, profile, ple_modes, sizes, thread_counts)
     quiet = args.json or not sys.stderr.isatty()
@@ -98,6 +112,7 @@ def _local(
         resume_tokens=0 if args.no_resume else args.resume_tokens,
         load=args.load,
         load_same_session=args.load_same_session,
+        load_cgroup=args.load_cgroup,
         thread_counts=thread_counts,
         **extra,
     )

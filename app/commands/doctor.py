@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from velo_chat.engine import cpu_group
 from velo_chat.engine.engine import resolve_model_path
 from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
@@ -80,6 +81,8 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     gpu = gpus[0] if gpus else None
     mem = machine.meminfo()
     load = machine.cpu_load()
+    group = cpu_group.probe()
+    neighbours = cpu_group.neighbours_cores() if load.busy_advice else None
     host = _host_access() if build["cuda"] else None
     problems: list[str] = []
     advice: list[str] = []
@@ -105,7 +108,11 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
             "swap_total": mem.swap_total,
             "swap_free": mem.swap_free,
         },
-        "cpu": {"cores": load.cores, "load1": load.load1},
+        "cpu": {
+            "cores": load.cores,
+            "load1": load.load1,
+            "cgroup": {**group.to_json(), "others_cores": neighbours},
+        },
         "profile": profile.name,
         "model": {"path": None, "shards": [], "ok": False, "error": None},
         "fit": None,
@@ -113,6 +120,8 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     }
     if load.busy_advice:
         advice.append(load.busy_advice)
+        if group.path is not None and (neighbours is None or neighbours >= 0.5):
+            advice.append(SHARED_GROUP_ADVICE)
     if profile.model.n_gpu_layers != 0 and not build["gpu_offload"]:
         advice.append(
             "this llama.cpp build is CPU-only: n_gpu_layers is ignored (packaging/ builds a CUDA one)"
@@ -161,6 +170,17 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     return _finish(out, problems, advice)
 
 
+SHARED_GROUP_ADVICE = (
+    "busy processes share velo-chat's cgroup, so their threads compete with its decode thread "
+    "one for one; in a cgroup of its own (its own terminal tab on a desktop, or "
+    "`systemd-run --user --scope velo-chat`) it keeps most of a core beside the same load"
+)
+
+
+def _group_fields(j: dict[str, Any]) -> dict[str, Any]:
+    return {k: j[k] for k in ("path", "cpu_separated", "others")}
+
+
 def _finish(out: dict[str, Any], problems: list[str], advice: list[str]) -> dict[str, Any]:
     out["usable"] = not problems
     out["problems"] = problems
@@ -197,6 +217,11 @@ def _text(d: dict[str, Any]) -> str:
         + (f"{fmt(m['swap_free'])} free of {fmt(m['swap_total'])}" if m["swap_total"] else "off")
     )
     lines.append(f"CPU            {d['cpu']['cores']} cores, load {d['cpu']['load1']:.2f} (1 min)")
+    cg = d["cpu"]["cgroup"]
+    busy = (
+        f"; its other processes used {cg['others_cores']:.2f} cores" if cg["others_cores"] is not None else ""
+    )
+    lines.append(f"cgroup         {cpu_group.CpuGroup(**_group_fields(cg)).describe()}{busy}")
     lines.append(f"profile        {d['profile']}")
     model = d["model"]
     if model["ok"]:

@@ -6,9 +6,12 @@
   never sleeps, like one compiler job) run beside it, with the fixed counts too; its ratio to
   the idle decode is what a chat keeps of its speed while the machine compiles. By default the
   busy processes share one session of their own, as the jobs of a compile started from another
-  terminal do; where the kernel groups scheduling by session (Linux's autogroup, on by default
-  on desktop kernels), the two sessions share the CPUs first and threads within each. With
-  `same_session` they are this process's children and every thread counts alike (docs/threads.md).
+  terminal do, in velo-chat's cgroup (as in a pane of the same tmux server): every thread then
+  counts alike. With `cgroup` they run in a cgroup beside velo-chat's, as a desktop runs a
+  compile started in another terminal tab: with cgroup v2's cpu controller the two groups share
+  the CPUs first and the threads within each (`engine/cpu_group.py`). With `same_session` they
+  are this process's children (docs/threads.md). (Linux's autogroup, which groups by session,
+  applies only to processes in the root cgroup.)
 
 Every decode row carries `other_cores`: how much CPU the rest of the machine used meanwhile
 (/proc/stat minus this process), so a figure from a machine someone else was using says so.
@@ -26,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import cpu_group
 from ..threads import CpuLoad
 
 if TYPE_CHECKING:
@@ -49,6 +53,8 @@ BUSY_LOOP = (
 LEADER = (
     "import os, signal, subprocess, sys, time\n"
     "parent = os.getppid()\n"
+    "if len(sys.argv) > 3:\n"  # a cgroup to run in: joined before any loop starts
+    "    with open(sys.argv[3], 'w') as f: f.write(str(os.getpid()))\n"
     "procs = [subprocess.Popen([sys.executable, '-S', '-c', sys.argv[2]])\n"
     "         for _ in range(int(sys.argv[1]))]\n"
     "while os.getppid() == parent:\n"
@@ -59,19 +65,28 @@ Decode = Callable[[str], dict[str, Any]]
 
 
 @contextlib.contextmanager
-def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0) -> Iterator[None]:
+def busy_processes(
+    n: int, *, same_session: bool = False, cgroup: bool = False, settle_s: float = 1.0
+) -> Iterator[None]:
     """`n` processes that keep one core each busy until the block ends, then are killed: in a
-    session (and process group) of their own, or as this process's children."""
+    session (and process group) of their own, or as this process's children. With `cgroup`
+    their session runs in a cgroup of its own beside this process's (`cpu_group.make_sibling`;
+    raises `CgroupError` where the hierarchy does not allow it), as a desktop runs a compile
+    started in another terminal tab."""
     procs: list[subprocess.Popen] = []
     quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
+    group = cpu_group.make_sibling(f"velo-chat-busy-{os.getpid()}") if cgroup and n else None
     try:
         if same_session:
             for _ in range(n):
                 procs.append(subprocess.Popen([sys.executable, "-S", "-c", BUSY_LOOP], **quiet))
         elif n:
+            join = [str(group / "cgroup.procs")] if group is not None else []
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-S", "-c", LEADER, str(n), BUSY_LOOP], start_new_session=True, **quiet
+                    [sys.executable, "-S", "-c", LEADER, str(n), BUSY_LOOP, *join],
+                    start_new_session=True,
+                    **quiet,
                 )
             )
         time.sleep(settle_s)  # let them start spinning before anything is timed
@@ -85,6 +100,12 @@ def busy_processes(n: int, *, same_session: bool = False, settle_s: float = 1.0)
                     os.killpg(p.pid, signal.SIGKILL)  # the group this leader started
         for p in procs:
             p.wait()
+        if group is not None:
+            for _ in range(50):  # the killed loops leave the group within moments
+                if not (group / "cgroup.procs").exists() or not (group / "cgroup.procs").read_text().strip():
+                    break
+                time.sleep(0.02)
+            cpu_group.remove(group)
 
 
 @contextlib.contextmanager
@@ -144,6 +165,7 @@ def load_section(
     *,
     idle: BenchResult,
     same_session: bool = False,
+    cgroup: bool = False,
 ) -> dict[str, Any]:
     """Run inside `busy_processes(n_busy)`."""
     loaded = decode(f" beside {n_busy} busy processes")
@@ -151,6 +173,8 @@ def load_section(
     section: dict[str, Any] = {
         "busy_processes": n_busy,
         "same_session": same_session,
+        "cgroup": cgroup,  # the busy processes ran in a cgroup beside this process's
+        "own_cgroup": cpu_group.probe().to_json(),
         "decode": loaded,
         "over_idle": round(loaded["tok_s"] / base, 3) if base else None,
         "worst_run_over_idle": round(min(loaded["tok_s_runs"]) / base, 3) if base else None,
@@ -167,6 +191,14 @@ def _runs(d: dict[str, Any]) -> str:
     others = d.get("other_cores")
     busy = f", others used {others:.2f} cores" if others is not None else ""
     return f"runs {', '.join(f'{x:.1f}' for x in d['tok_s_runs'])}{busy}"
+
+
+def _placement(ld: dict[str, Any]) -> str:
+    if ld.get("same_session"):
+        return "this session and cgroup"
+    return "their own session, " + (
+        "a cgroup beside velo-chat's" if ld.get("cgroup") else "velo-chat's cgroup"
+    )
 
 
 def format_load_lines(result: BenchResult) -> list[str]:
@@ -186,7 +218,7 @@ def format_load_lines(result: BenchResult) -> list[str]:
         lines += [
             "",
             f"load      decode beside {ld['busy_processes']} busy processes "
-            f"({'this' if ld.get('same_session') else 'their own'} session): {x['tok_s']:.1f} "
+            f"({_placement(ld)}): {x['tok_s']:.1f} "
             f"tok/s = {ld['over_idle']:.3f} x idle (worst run {ld['worst_run_over_idle']:.3f})",
             f"          {_runs(x)}; threads at the end {x['threads_after'][0]}",
         ]

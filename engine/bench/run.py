@@ -77,13 +77,15 @@ def run_bench(
     resume_tokens: int = 0,
     load: int = 0,
     load_same_session: bool = False,
+    load_cgroup: bool = False,
     thread_counts: tuple[int, ...] = (),
     on_progress: Callable[[str], None] | None = None,
     spec: bool = False,
 ) -> BenchResult:
     """Run every section. `thread_counts`: decode again with each fixed count (the threads
     section); `load`: decode again beside that many busy processes (the load section, with the
-    fixed counts too; `load_same_session` starts them as this process's children, see
+    fixed counts too; `load_same_session` starts them as this process's children,
+    `load_cgroup` in a cgroup beside this process's, see
     `engine/bench/load.py`). With `resume_tokens`, the resume section runs last and closes the engine
     (its fresh-process probe must not share the machine with a second copy)."""
     note = on_progress or (lambda _s: None)
@@ -150,9 +152,15 @@ def run_bench(
         if thread_counts:
             result.sections["threads"] = threads_section(engine, decode, thread_counts, auto=result.decode)
         if load > 0:
-            with busy_processes(load, same_session=load_same_session):
+            with busy_processes(load, same_session=load_same_session, cgroup=load_cgroup):
                 result.sections["load"] = load_section(
-                    engine, decode, load, thread_counts, idle=result, same_session=load_same_session
+                    engine,
+                    decode,
+                    load,
+                    thread_counts,
+                    idle=result,
+                    same_session=load_same_session,
+                    cgroup=load_cgroup,
                 )
     engine.reset()
     if resume_tokens > 0:
