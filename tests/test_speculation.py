@@ -382,10 +382,11 @@ def test_padded_verify_batches(request, tmp_path: Path, monkeypatch: pytest.Monk
         tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
         st = b[1].stats
-        assert st.spec_rounds > 2 and st.spec_accepted == st.spec_drafted  # the pads are not drafts
+        assert st.spec_rounds > 2 and 0 < st.spec_accepted <= st.spec_drafted
         assert padded[0] > 0
         if _same_reply(plain, PROSE, a[0], b[0], tol):
-            assert b[2] == a[2]
+            # every draft is the plain reply's next tokens: all accepted, and the pads not counted
+            assert b[2] == a[2] and st.spec_accepted == st.spec_drafted
     finally:
         plain.close()
         spec.close()
@@ -673,9 +674,11 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
         result = engine.spec_replay(PROSE, 96)
         c = result.counters
         assert result.tokens == 96 and result.identical == (result.spec == result.plain)
-        _same_reply(engine, PROSE, result.plain, result.spec, tol)
-        assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
-        assert c.decode_calls < 48
+        if _same_reply(engine, PROSE, result.plain, result.spec, tol):
+            assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
+            assert c.decode_calls < 48
+        else:  # a batch rounded otherwise (a GPU): the reply left the plain one where `tol` allows
+            assert 0 < c.accepted <= c.drafted and c.decode_calls < 96
         assert engine._require()[2].tokens == ()  # left empty
 
 
