@@ -1,11 +1,14 @@
 """Decode speed of a qwen4exp model with llama.cpp's CPU PLE gather ("stock") or the GPU
 provider ("gpu": decode gathers launched from C; "gpu-python": every gather through the Python
-callback), every layer on the GPU, measured around each llama_decode call.
+callback), every layer on the GPU, measured around each llama_decode call and the wait for
+its logits (`llama_synchronize`): llama_decode returns once a CUDA step is queued, so timing the
+call alone leaves out the GPU's tail of each token (runs before 2026-12-02 did: their tok/s were
+15-20% above what a turn decodes, `velo-chat bench`).
 
     python benchmarks/ple_decode.py --model M.gguf --mode gpu [--tokens 512] [--threads 1]
 
 Prints one JSON object (`argmax_digest`: a digest of each step's most likely next token, equal
-across modes when the gathers agree): decode tok/s (tokens / summed llama_decode time), the median and 90th
+across modes when the gathers agree): decode tok/s (tokens / summed step time), the median and 90th
 percentile microseconds of one step, graphs reused, the graph splits of a decode step (from
 llama.cpp's log when the context is made), the seconds of a prefill (`--prefill`, 512 tokens),
 and for the provider the mean microseconds of a Python callback and how many gathers ran. Run
@@ -99,6 +102,7 @@ def main() -> None:
     for _ in range(args.tokens):
         t = time.perf_counter()
         rc = ctx.decode_one(tok)
+        ctx.synchronize()  # the step's GPU work too (its logits are ready after this)
         steps.append(time.perf_counter() - t)
         assert rc == 0, rc
         argmax.append(int(np.argmax(ctx.logits_at(-1))))  # outside the timing
