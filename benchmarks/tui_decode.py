@@ -46,24 +46,68 @@ WORDS = (
     "stars winter bread nets gulls"
 ).split()
 
-_PROFILE_HOOK = """\
-import cProfile, os, sys
+# The TUI runs under this hook. It watches the events on their way to the UI and, for each reply,
+# writes to VELO_BENCH_TOKENS the CPU seconds that the UI thread (the main thread's CPU clock),
+# the whole process and the tmux server (the pane's parent: `env` execs the app) used from the
+# first token to the last (to the end of the turn for tmux, read from schedstat), and the decode's
+# wall time: the UI's share of a core over the decode itself, without sampling. With
+# VELO_BENCH_PROFILE_TUI it also runs the app under cProfile and dumps the stats there when it
+# quits.
+_TUI_HOOK = """\
+import cProfile, json, os, sys, threading, time
+import velo_chat.app.generation as generation
+from velo_chat.engine.events import TokenDelta
 from velo_chat.app.cli import main
-p = cProfile.Profile()
-p.enable()
+
+_record = generation.record
+_ui_clock = time.pthread_getcpuclockid(threading.main_thread().ident)
+
+
+def tmux_cpu():
+    try:
+        with open(f"/proc/{os.getppid()}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def record(events, turn):
+    first = last = None
+    for event in _record(events, turn):
+        if isinstance(event, TokenDelta):
+            now = (event.t, time.clock_gettime(_ui_clock), time.process_time())
+            if first is None:
+                first, tmux0 = now, tmux_cpu()
+            last = now
+        yield event
+    if first is not None:
+        span = last[0] - first[0]
+        out = {"decode_s": round(span, 4), "ui_cpu_s": round(last[1] - first[1], 4)}
+        out["other_cpu_s"] = round(last[2] - first[2] - out["ui_cpu_s"], 4)
+        out["tmux_cpu_s"] = round(tmux_cpu() - tmux0, 4)
+        with open(os.environ["VELO_BENCH_TOKENS"], "a") as f:
+            f.write(json.dumps(out) + "\\n")
+
+
+generation.record = record
+profile = os.environ.get("VELO_BENCH_PROFILE_TUI")
+p = cProfile.Profile() if profile else None
+if p:
+    p.enable()
 try:
     code = main(sys.argv[1:])
 finally:
-    p.disable()
-    p.dump_stats(os.environ["VELO_BENCH_PROFILE_TUI"])
+    if p:
+        p.disable()
+        p.dump_stats(profile)
 sys.exit(code)
 """
 
 
-def velo_cmd(*args: str, profiled: bool = False) -> list[str]:
-    """`velo-chat ARGS` with this interpreter (`profiled`: under the cProfile hook above)."""
-    if profiled:
-        return [sys.executable, "-c", _PROFILE_HOOK, *args]
+def velo_cmd(*args: str, hooked: bool = False) -> list[str]:
+    """`velo-chat ARGS` with this interpreter (`hooked`: under the TUI hook above)."""
+    if hooked:
+        return [sys.executable, "-c", _TUI_HOOK, *args]
     return [sys.executable, "-m", "velo_chat.app.cli", *args]
 
 
@@ -160,19 +204,20 @@ class TmuxApp:
     def __init__(self, home: Path, size: tuple[int, int]) -> None:
         self.socket = f"velo-bench-{os.getpid()}"
         self.home = home
-        env = {"VELO_CHAT_HOME": str(home), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
+        self.tokens_log = home / "bench-tokens.jsonl"
+        env = {
+            "VELO_CHAT_HOME": str(home),
+            "TERM": "xterm-256color",
+            "COLORTERM": "truecolor",
+            "VELO_BENCH_TOKENS": str(self.tokens_log),
+        }
         if os.environ.get("VELO_BENCH_PROFILE_TUI"):
             env["VELO_BENCH_PROFILE_TUI"] = os.environ["VELO_BENCH_PROFILE_TUI"]
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = velo_cmd("--profile", PROFILE, profiled="VELO_BENCH_PROFILE_TUI" in env)
+        argv = velo_cmd("--profile", PROFILE, hooked=True)
         cmd = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
         self._tmux("new-session", "-d", "-s", "app", "-x", str(size[0]), "-y", str(size[1]), cmd)
-
-    def pids(self) -> tuple[int, int]:
-        """The app's process (the pane's: `env` execs it) and the tmux server's."""
-        pane, server = self._tmux("display-message", "-p", "-t", "app", "#{pane_pid} #{pid}").split()
-        return int(pane), int(server)
 
     def wait_ready(self) -> None:
         self.wait_for(lambda s: READY_MARK in s, 120, "the model to load")
@@ -244,53 +289,31 @@ class TmuxApp:
             subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
 
 
-def thread_cpu(pid: int, tid: int | None = None) -> float:
-    """CPU seconds of a process's threads (`tid`: of one of them), from /proc's `schedstat`,
-    which counts nanoseconds; 0 once it is gone. (`stat` counts clock ticks: for the UI thread,
-    which runs a few milliseconds at a time, it read 2-5 times what the thread's own CPU clock
-    measured over the same reply.)"""
-    try:
-        tasks = [str(tid)] if tid is not None else os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    total = 0
-    for task in tasks:
-        try:
-            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / 1e9
-
-
 def tui_turn(app: TmuxApp, db: Path, prompt: str) -> dict:
-    """The reply's stats, with the share of a core that the TUI's UI thread, its other
-    threads (the decode's among them) and the tmux server used during the decode."""
+    """The reply's stats, with the share of a core that the TUI's UI thread, its other threads
+    (the decode's among them) and the tmux server used from the first token to the last, as the
+    hook above measured them."""
     before = last_id(db)
-    pid, server = app.pids()
-    samples = []
-
-    def sample() -> None:
-        ui = thread_cpu(pid, pid)
-        samples.append((time.monotonic(), ui, thread_cpu(pid) - ui, thread_cpu(server)))
-
+    logged = app.tokens_log.read_text().count("\n") if app.tokens_log.exists() else 0
     app.type(prompt)
     app.keys("Enter")
     end = time.monotonic() + 600
-    sample()
     while (found := reply_stats(db, before)) is None:
         if time.monotonic() > end:
             raise RuntimeError(f"no reply stored; the screen:\n{app.screen()}")
         time.sleep(0.5)
-        sample()
     stats = dict(found[1])
-    # the samples inside the decode: it ended at most one sample before the reply was found
-    t_end = samples[-2][0] if len(samples) > 1 else samples[-1][0]
-    window = [x for x in samples if x[0] >= t_end - stats["wall_ms"] / 1000 - 0.5]
-    if len(window) > 1 and window[-1][0] > window[0][0]:
-        span = window[-1][0] - window[0][0]
-        for i, key in enumerate(("ui_thread_cores", "tui_other_threads_cores", "tmux_cores"), 1):
-            stats[key] = round((window[-1][i] - window[0][i]) / span, 3)
     app.idle()
+    lines = app.tokens_log.read_text().splitlines() if app.tokens_log.exists() else []
+    if len(lines) > logged:
+        cpu = json.loads(lines[-1])
+        if cpu["decode_s"] > 0:
+            for key, name in (
+                ("ui_thread_cores", "ui_cpu_s"),
+                ("tui_other_threads_cores", "other_cpu_s"),
+                ("tmux_cores", "tmux_cpu_s"),
+            ):
+                stats[key] = round(cpu[name] / cpu["decode_s"], 4)
     return stats
 
 
@@ -319,6 +342,7 @@ def summary(stats: dict) -> dict:
         "decode_tok_s": stats["decode_tok_s"],
         "decode_tokens": stats.get("decode_tokens"),
         "prompt_tokens": stats.get("prompt_tokens"),
+        "cached_tokens": stats.get("cached_tokens"),  # restored from a checkpoint or the live cache
         "decode_threads": stats.get("decode_threads"),  # averaged over the decode steps
         **{k: stats[k] for k in ("ui_thread_cores", "tui_other_threads_cores", "tmux_cores") if k in stats},
         # wall time of the decode over llama.cpp's own eval time: what the process adds
@@ -413,12 +437,13 @@ def run(args: argparse.Namespace) -> dict:
 
 def table(result: dict) -> str:
     head = ("run", "case", "first", "prompt tokens", "decode tokens", "TUI tok/s", "ask tok/s", "TUI/ask")
-    head += ("threads TUI/ask", "UI thread", "tmux")
+    head += ("cached TUI/ask", "threads TUI/ask", "UI thread", "tmux")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for x in result["runs"]:
         tui, ask = x["tui"], x["ask"]
         cells = (x["run"], x["case"], x["first"], f"{tui['prompt_tokens']:,}", tui["decode_tokens"])
         cells += (f"{tui['decode_tok_s']:.1f}", f"{ask['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
+        cells += (f"{tui['cached_tokens']}/{ask['cached_tokens']}",)
         cells += (f"{tui['decode_threads']}/{ask['decode_threads']}", tui.get("ui_thread_cores"))
         cells += (tui.get("tmux_cores"),)
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
