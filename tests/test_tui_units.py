@@ -154,3 +154,39 @@ async def test_panel_speculation_line_shows_the_last_turns_drafts():
         assert "24/30 accepted" in " ".join(str(w.render()) for w in app.query(Static))
         panel.turn_ended(stats(0, 0, 40))
         assert panel.speculation == "on · nothing drafted"
+
+
+async def test_panel_memory_line_waits_for_the_next_streamed_update_while_tokens_stream():
+    """While tokens stream, the memory timer draws no frame of its own (each frame is taken from
+    the decode on a small machine): the next streamed update shows the new figure; between
+    replies the timer draws it again."""
+    from textual.app import App
+    from textual.widgets import Static
+
+    from velo_chat.app.widgets.telemetry.panel import LivePanel
+
+    rss = [100 << 20]
+
+    class PanelApp(App):
+        def compose(self):
+            yield LivePanel(clock=lambda: 0.0, memory_probe=lambda: (rss[0], None), memory_interval=0.05)
+
+    def memory(app) -> str:
+        return str(app.query_one("#panel-memory", Static).render())
+
+    app = PanelApp()
+    async with app.run_test(size=(40, 30)) as pilot:
+        panel = app.query_one(LivePanel)
+        assert "100 MiB" in memory(app)
+        panel.turn_sent()
+        panel.tokens(1, 0.0, 0.0)
+        rss[0] = 200 << 20
+        await pilot.pause(0.2)  # several ticks of the timer
+        assert "100 MiB" in memory(app)
+        panel.tokens(2, 0.0, 0.01)
+        await pilot.pause()
+        assert "200 MiB" in memory(app)
+        panel.turn_ended(None)
+        rss[0] = 300 << 20
+        await pilot.pause(0.2)
+        assert "300 MiB" in memory(app)

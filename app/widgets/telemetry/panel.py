@@ -10,7 +10,9 @@ deterministic. Decode rates come from token timestamps (`DecodeMeter`).
 Its lines change several times a second while a reply streams, and in Textual any widget that
 asks for a layout makes the whole screen lay out again: every message of the transcript, several
 hundred widgets in a long session. So a line is rewritten only when its text changed, and without
-a layout when it keeps its number of lines and fits the panel (`_show`).
+a layout when it keeps its number of lines and fits the panel (`_show`). While tokens stream, the
+memory line waits for the next streamed update instead of drawing a frame of its own every
+`memory_interval` (`_memory_tick`): on a small machine every frame is taken from the decode.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class LivePanel(Vertical):
         self.speculation_enabled = False
         self._lines: dict[str, str] = {}  # what each line shows (`_show`)
         self.ple_fraction: float | None = None  # the PLE table's share in the page cache
+        self._streaming = False  # tokens are streaming: the memory line waits for `tokens`
+        self._memory_due = False  # the memory timer fired while they did
 
     def compose(self) -> ComposeResult:
         yield Static("Model", classes="panel-title")
@@ -104,7 +108,7 @@ class LivePanel(Vertical):
         self._render_context()
         self.refresh_memory()
         if self.memory_interval:
-            self.set_interval(self.memory_interval, self.refresh_memory)
+            self.set_interval(self.memory_interval, self._memory_tick)
         self.query_one("#panel-prefill").display = False
 
     # -- model --------------------------------------------------------------------------------
@@ -189,6 +193,10 @@ class LivePanel(Vertical):
         answer text has appeared; `samples`: the rate samples the worker measured over every
         token (else the panel samples the updates it gets, which depend on the UI's pace)."""
         self.query_one("#panel-prefill").display = False
+        self._streaming = True
+        if self._memory_due:
+            self._memory_due = False
+            self.refresh_memory()
         if self.ttft is None and self.sent_at is not None:
             self.ttft = max(0.0, self.clock() - self.sent_at)
         self.n_reasoning = n_reasoning
@@ -203,6 +211,7 @@ class LivePanel(Vertical):
         self._render_decode()
 
     def turn_ended(self, stats: TurnStats | None) -> None:
+        self._streaming = self._memory_due = False
         self.query_one("#panel-prefill").display = False
         if stats is not None:
             self.ttft = stats.ttft_s
@@ -270,6 +279,12 @@ class LivePanel(Vertical):
             "#panel-context",
             f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\nspeculation {self.speculation}",
         )
+
+    def _memory_tick(self) -> None:
+        if self._streaming:
+            self._memory_due = True  # drawn with the next streamed update (`tokens`)
+        else:
+            self.refresh_memory()
 
     def refresh_memory(self) -> None:
         rss, gpu = self.memory_probe()
