@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 
-from velo_chat.engine.speculation import Acceptance, CostModel, best_draft_length
+from velo_chat.engine.spec_cost import Acceptance, CostModel, best_draft_length
 
 BACK_TO_BACK = {1: 1.0, 2: 1.14, 3: 1.315, 5: 1.426, 9: 2.978, 17: 3.591}
 AFTER_ANOTHER = {1: 3.695, 2: 4.397, 3: 4.403, 5: 4.337, 9: 5.945, 17: 5.798}

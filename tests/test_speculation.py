@@ -27,13 +27,15 @@ import numpy as np
 import pytest
 
 from tests.support.engine_helpers import test_profile
-from velo_chat.engine import speculation, turn_runner
+from velo_chat.engine import spec_cost, speculation, turn_runner
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.checkpoints import state_layout
 from velo_chat.engine.config.profiles import ProfileError
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
-from velo_chat.engine.speculation import CostModel, NgramIndex, SpecStepper
+from velo_chat.engine.spec_cost import CostModel
+from velo_chat.engine.spec_draft import NgramIndex
+from velo_chat.engine.speculation import SpecStepper
 
 COPY = [
     ChatMessage(
@@ -192,10 +194,10 @@ def test_ngram_index_finds_the_longest_recent_match() -> None:
 
 def test_draft_length_follows_acceptance_and_cost() -> None:
     cpu = CostModel(slope=0.6)
-    assert speculation.best_draft_length(0.3, 16, cpu, 1.05) == 0  # novel text: no draft
-    assert speculation.best_draft_length(0.99, 16, cpu, 1.05) >= 8
+    assert spec_cost.best_draft_length(0.3, 16, cpu, 1.05) == 0  # novel text: no draft
+    assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05) >= 8
     gpu = CostModel(slope=0.02)
-    assert speculation.best_draft_length(0.5, 16, gpu, 1.05) >= 2
+    assert spec_cost.best_draft_length(0.5, 16, gpu, 1.05) >= 2
     for _ in range(40):  # measured: a batch of 5 as cheap as one token
         cpu.record(1, 0.010)
         cpu.record(5, 0.010)
@@ -213,7 +215,7 @@ def test_cost_model_believes_no_single_slow_batch_and_caps_outliers() -> None:
     slow = CostModel(slope=0.5)
     for n in (1, 1, 5, 5):
         slow.record(n, 0.050 if n == 5 else 0.001)  # twice: believed, capped
-    assert slow.measured[5] == pytest.approx(1.0 + 4 * speculation.MAX_SLOPE_SAMPLE)
+    assert slow.measured[5] == pytest.approx(1.0 + 4 * spec_cost.MAX_SLOPE_SAMPLE)
     for _ in range(30):
         slow.record(5, 0.0015)
     assert slow.relative(5) == pytest.approx(1.5, abs=0.02)  # it follows the measured cost
@@ -230,14 +232,14 @@ def test_cost_model_fits_the_batches_not_the_one_token_step() -> None:
         cost.record(2, 0.0206)
     assert cost.relative(2) == pytest.approx(2.06)
     # beyond the largest size measured it is optimistic, so a high acceptance tries a long draft
-    assert speculation.best_draft_length(0.95, 16, cost, 1.05) == 16
-    assert speculation.best_draft_length(0.3, 16, cost, 1.05) == 0  # novel text still does not
+    assert spec_cost.best_draft_length(0.95, 16, cost, 1.05) == 16
+    assert spec_cost.best_draft_length(0.3, 16, cost, 1.05) == 0  # novel text still does not
     for _ in range(3):
         cost.record(17, 0.107)
     assert cost.relative(17) == pytest.approx(10.7)
     assert cost.relative(9) == pytest.approx(2.06 + 7 * (10.7 - 2.06) / 15)  # on the line
-    assert speculation.best_draft_length(1.0, 16, cost, 1.05) == 16
-    assert speculation.best_draft_length(0.6, 16, cost, 1.05) == 0
+    assert spec_cost.best_draft_length(1.0, 16, cost, 1.05) == 16
+    assert spec_cost.best_draft_length(0.6, 16, cost, 1.05) == 0
 
 
 H200_SAME = {1: 1.0, 2: 1.14, 5: 1.43, 9: 2.98, 17: 3.59}
@@ -267,18 +269,18 @@ def test_cost_model_prices_a_new_graph() -> None:
     assert cost.relative(2) == pytest.approx(1.14, abs=0.3)
     assert cost.call_cost(17, 1) == pytest.approx(cost.relative(17) + 2 * cost.rebuild)
     assert cost.call_cost(17, 17) == cost.relative(17)
-    assert speculation.best_draft_length(0.3, 16, cost, 1.05, prev=1) == 0  # novel
-    assert speculation.best_draft_length(0.7, 16, cost, 1.05, prev=1) == 0
-    assert speculation.best_draft_length(0.99, 16, cost, 1.05, prev=1) == 16  # a copy
+    assert spec_cost.best_draft_length(0.3, 16, cost, 1.05, prev=1) == 0  # novel
+    assert spec_cost.best_draft_length(0.7, 16, cost, 1.05, prev=1) == 0
+    assert spec_cost.best_draft_length(0.99, 16, cost, 1.05, prev=1) == 16  # a copy
     # inside a run of 17-token batches a 4-token draft is padded to 17 (3.6 steps, not 1.4 + 2.7)
-    assert speculation.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=17) == 16
-    assert speculation.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=1) == 0
+    assert spec_cost.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=17) == 16
+    assert spec_cost.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=1) == 0
     # on a CPU a new graph is cheap: the same draft is not padded
     cpu = CostModel(slope=0.8)
     for n, ms in ((1, 19.3), (1, 19.3), (2, 40.0), (2, 39.8), (1, 19.5), (5, 87.0), (5, 87.0), (1, 19.4)):
         cpu.record(n, ms / 1000)
     assert cpu.rebuild < 0.05
-    assert speculation.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
+    assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
 
 
 def test_cost_model_counts_batches_timed_before_the_first_rebuild() -> None:

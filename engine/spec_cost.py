@@ -1,0 +1,221 @@
+"""When a speculative draft pays: what a verify batch costs against a one-token step
+(`CostModel`, timed live), how likely a draft of a given match length is to be accepted
+(`Acceptance`), and the draft length with the most expected tokens per unit of time
+(`best_draft_length`). `engine/speculation.py`'s stepper asks these before every step.
+
+Drafting pays only where a batch of n tokens costs less than n one-token steps times the tokens
+it is expected to yield; on a GPU a new graph when the batch size changes is the largest cost
+(docs/speculation.md)."""
+
+from __future__ import annotations
+
+MATCH_BUCKETS = (3, 5, 8, 12, 20, 32)
+"""Match-length buckets (lower bounds) that keep their own acceptance estimate: a 30-token match
+predicts the next token far better than a 3-token one."""
+
+
+MAX_SLOPE_SAMPLE = 2.0
+"""The most one timed batch may say each extra token costs, in one-token steps. A batch that
+took far longer was descheduled or waited for something else; uncapped, one such sample priced
+drafts out for the rest of the turn, and with no drafts nothing would ever be timed again."""
+
+MAX_REBUILD_SAMPLE = 5.0
+"""The most one timed step may say a new graph costs, in one-token steps (measured on an H200:
+2.7-3.9 with every layer on the GPU), for the same reason as `MAX_SLOPE_SAMPLE`."""
+
+
+class CostModel:
+    """What a decode call of n tokens costs against a one-token step, and what it costs more
+    when its shape differs from the previous call's.
+
+    Each batch size keeps its own measured cost (an exponential moving average of its time over
+    the one-token time's), and the sizes between and below those measured are read off a line
+    fitted through the batch sizes alone. Not through the one-token step: a batch takes another
+    path than a token (logits and sampling for every position; on a GPU other kernels), so a
+    batch of two costs much more than a token while each further token adds little. Measured on
+    the CPU (SmolLM2): 2 tokens 2.06 steps, 17 tokens 10.7; one slope through the one-token step,
+    learnt at the short drafts a turn starts with, said 1.06 a token, priced the 17-token batch
+    at 18 steps and stopped drafting where 17 tokens for 10.7 steps was a 1.6x gain.
+
+    llama.cpp keeps one graph and reuses it while the batch shape stays the same; a call of
+    another size than the previous one builds its graph anew (`rebuild`, in one-token steps).
+    On the CPU that is small (SmolLM2: well under a step; the tiny qwen4exp's 0.2 ms step about
+    doubles); on an H200 with every layer on the GPU it dominates: a one-token step after a
+    verify batch costs 3.1-4.9 steps, a verify of 2 tokens after a plain step 3.5-4.9 against
+    1.14 back to back. `rebuild` is timed live from the one-token steps that follow a verify
+    batch, and the batch sizes' own costs are what is left of a batch's time after it.
+
+    Beyond the largest size measured the cost is taken as that size's (optimistic): where the
+    acceptance is high enough for that to pay, the longest draft is tried and so measured, and
+    the line then says what it costs. Before any batch is measured the profile's
+    `batch_cost_prior` prices each extra token. A size timed once is priced no dearer than the
+    prior, and at its second timing the lower of the two counts: the first batch of a size may
+    pay an allocation, a GPU backend may load kernels (measured: the first two-token verify of
+    a turn took over ten steps on the CPU), or a batch may be descheduled, and believed, one
+    such time priced drafts out for the rest of the turn. (The first batch of each size used
+    to be dropped instead; with new graphs priced, that kept a turn on the prior too long.)"""
+
+    def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
+        self.prior = slope
+        self.alpha = alpha
+        self._one: float | None = None
+        self._steady = False  # `_one` timed from a step that followed a step
+        self.measured: dict[int, float] = {}  # batch size -> its cost in one-token steps
+        self._line = (1.0 - slope, slope)  # relative(n) = a + b * n between measured sizes
+        self._top = 0  # the largest size measured
+        self.rebuild = 0.0  # what a call of a new shape costs more, in one-token steps
+        # until `rebuild` is first timed: the sizes timed only after another size (their cost
+        # holds a new graph's); None afterwards
+        self._switched_only: set[int] | None = set()
+        self._reused: set[int] = set()  # sizes timed right after a batch of their size
+        self._single: set[int] = set()  # sizes timed once (counted) so far
+        self._priced: dict[int, float] = {}  # the costs the line is fitted through
+        self.last = 0  # the size of the previous call (0: none yet; the prefill's shape)
+
+    def record(self, n: int, seconds: float) -> None:
+        prev, self.last = self.last, n
+        if n == 1:
+            if prev == 1:  # a step after a step: its graph reused
+                steady, self._steady = self._steady, True
+                self._one = (
+                    self._one + self.alpha * (seconds - self._one) if steady and self._one else seconds
+                )
+            elif self._one is None:  # a first guess (a new graph included) until a step follows one
+                self._one = seconds
+            elif prev and self._steady:  # after a verify batch: the one-token graph built anew
+                r = min(max(seconds / self._one - 1.0, 0.0), MAX_REBUILD_SAMPLE)
+                if self._switched_only is None:
+                    self.rebuild += self.alpha * (r - self.rebuild)
+                else:  # the first: take it out of the sizes timed only after another size
+                    self.rebuild, sizes, self._switched_only = r, self._switched_only, None
+                    for size in sizes:
+                        self.measured[size] = max(self.measured[size] - r, 0.5)
+                    if sizes:
+                        self._fit()
+        elif self._one:
+            pending = self._switched_only
+            if n == prev:
+                self._batch(n, seconds / self._one)
+                if pending is not None:
+                    pending.discard(n)
+            else:
+                self._batch(n, seconds / self._one - self.rebuild)
+                if pending is not None and n not in self._reused:
+                    pending.add(n)
+            if n == prev:
+                self._reused.add(n)
+
+    def _batch(self, n: int, relative: float) -> None:
+        r = min(max(relative, 0.5), 1.0 + MAX_SLOPE_SAMPLE * (n - 1))
+        old = self.measured.get(n)
+        if old is None:  # one sample: priced no dearer than the prior until a second one
+            self._single.add(n)
+            self.measured[n] = r
+        elif n in self._single:  # the lower of the first two (one may have been descheduled)
+            self._single.discard(n)
+            self.measured[n] = min(old, r)
+        else:
+            self.measured[n] = old + self.alpha * (r - old)
+        self._fit()
+
+    def _fit(self) -> None:
+        pts = {
+            n: min(r, 1.0 + self.prior * (n - 1)) if n in self._single else r
+            for n, r in self.measured.items()
+        }
+        self._priced = pts
+        self._top = max(pts)
+        if len(pts) == 1:  # one size: the line through it and the one-token step
+            ((m, r),) = pts.items()
+            b = max((r - 1.0) / (m - 1), 0.0)
+            self._line = (1.0 - b, b)
+            return
+        mean_n = sum(pts) / len(pts)
+        mean_r = sum(pts.values()) / len(pts)
+        var = sum((n - mean_n) ** 2 for n in pts)
+        b = max(sum((n - mean_n) * (r - mean_r) for n, r in pts.items()) / var, 0.0)
+        self._line = (mean_r - b * mean_n, b)
+
+    def relative(self, n: int) -> float:
+        """Cost of a batch of `n` over a one-token step, its graph reused."""
+        if n <= 1:
+            return 1.0
+        top = self._top
+        if not top:
+            return 1.0 + self.prior * (n - 1)
+        if n >= top:
+            return self._priced[top]
+        a, b = self._line
+        return max(a + b * n, 1.0)
+
+    def call_cost(self, n: int, prev: int) -> float:
+        """Cost of a verify batch of `n` right after a call of `prev` tokens, in one-token
+        steps: its own, a new graph unless `prev` was the same size, and, when it leaves plain
+        steps (`prev` 1, or 0 at a turn's start), the new graph of the plain step that will
+        follow the verify run, which staying plain would not pay. Until a batch size has been
+        timed the prior alone prices it: with both new graphs priced in, a CPU's prior kept a
+        GPU turn from ever timing a batch (simulated with the H200's costs: a copy at 95%
+        acceptance went from 1.5x to 1.1x)."""
+        cost = self.relative(n)
+        if not self.measured:  # nothing timed yet: the prior alone, so batches get timed
+            return cost
+        if n != prev:
+            cost += self.rebuild
+        if prev <= 1:
+            cost += self.rebuild
+        return cost
+
+
+class Acceptance:
+    """Per match-length bucket: the probability that the next drafted token is accepted, given
+    the ones before it were (successes over trials, decayed so it follows the text)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        # prior: two trials; long matches start optimistic, short ones doubtful
+        self._stats = {
+            b: [2.0 * (0.3 + 0.6 * i / (len(MATCH_BUCKETS) - 1)), 2.0] for i, b in enumerate(MATCH_BUCKETS)
+        }
+
+    @staticmethod
+    def bucket(length: int) -> int:
+        b = MATCH_BUCKETS[0]
+        for lo in MATCH_BUCKETS:
+            if length >= lo:
+                b = lo
+        return b
+
+    def rate(self, length: int) -> float:
+        s, n = self._stats[self.bucket(length)]
+        return s / n
+
+    def update(self, length: int, drafted: int, accepted: int) -> None:
+        st = self._stats[self.bucket(length)]
+        trials = accepted + (1 if accepted < drafted else 0)
+        st[0] = st[0] * self.decay + accepted
+        st[1] = st[1] * self.decay + trials
+
+
+def best_draft_length(
+    a: float, k_max: int, cost: CostModel, gain: float, *, available: int | None = None, prev: int = 1
+) -> int:
+    """The draft length with the most expected tokens per unit of time, or 0 when no length
+    beats a plain step by the factor `gain`. Verifying k drafts yields 1 + a + ... + a^k tokens
+    (the pending token's successor always, each draft only if all before it were accepted),
+    for `cost.call_cost(k + 1, prev)`. Past the `available` draft tokens a batch is padded: no
+    more tokens, but the size of the previous verify batch (`prev`) reuses its graph, which on
+    a GPU costs less than a smaller batch built anew."""
+    best_k, best = 0, 1.0 * gain
+    expected = 1.0
+    p = 1.0
+    real = k_max if available is None else min(available, k_max)
+    for k in range(1, k_max + 1):
+        if k <= real:
+            p *= a
+            expected += p
+        elif k + 1 != prev or prev not in cost.measured:
+            continue  # padding pays only to keep the previous batch's size, timed
+        value = expected / cost.call_cost(k + 1, prev)
+        if value > best:
+            best_k, best = k, value
+    return best_k
