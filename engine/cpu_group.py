@@ -161,6 +161,14 @@ def make_sibling(name: str, root: Path = ROOT, proc_cgroup: Path = PROC_CGROUP) 
     return group
 
 
+def holds_processes(group: Path) -> bool:
+    """Whether any process is still in `group` (False where it cannot be read)."""
+    try:
+        return bool((group / "cgroup.procs").read_text().strip())
+    except OSError:
+        return False
+
+
 def remove(group: Path) -> None:
     """Remove an empty cgroup (the kernel refuses while a process is in it: then it stays)."""
     with contextlib.suppress(OSError):

@@ -100,3 +100,14 @@ def test_busy_processes_run_in_a_cgroup_beside_this_one_and_it_is_removed_after(
             break
         time.sleep(0.05)
     assert not sibling.exists()
+
+
+def test_busy_processes_that_cannot_join_their_cgroup_raise_instead_of_measuring_idle(tmp_path, monkeypatch):
+    """Where the kernel refuses the move (a cgroup.procs the user may not write), the leader
+    exits at once: the benchmark says so rather than timing an idle machine as a busy one."""
+    group = tmp_path / "velo-chat-busy"
+    (group / "cgroup.procs").mkdir(parents=True)  # open(..., "w") fails on it
+    monkeypatch.setattr(cpu_group, "make_sibling", lambda name: group)
+    with pytest.raises(cpu_group.CgroupError, match="could not join"):
+        with busy_processes(2, cgroup=True, settle_s=0.5):
+            pytest.fail("the block ran without its busy processes")

@@ -103,19 +103,22 @@ def _local(
     **extra: Any,
 ) -> BenchResult:
     """The in-process engine's benchmark with the command line's settings."""
-    return run_bench(
-        engine,
-        profile_name=name,
-        prefill_sizes=sizes,
-        decode_tokens=args.decode_tokens,
-        repeats=args.repeats,
-        resume_tokens=0 if args.no_resume else args.resume_tokens,
-        load=args.load,
-        load_same_session=args.load_same_session,
-        load_cgroup=args.load_cgroup,
-        thread_counts=thread_counts,
-        **extra,
-    )
+    try:
+        return run_bench(
+            engine,
+            profile_name=name,
+            prefill_sizes=sizes,
+            decode_tokens=args.decode_tokens,
+            repeats=args.repeats,
+            resume_tokens=0 if args.no_resume else args.resume_tokens,
+            load=args.load,
+            load_same_session=args.load_same_session,
+            load_cgroup=args.load_cgroup,
+            thread_counts=thread_counts,
+            **extra,
+        )
+    except cpu_group.CgroupError as exc:  # the busy processes could not join their cgroup
+        raise UserError(f"--load-cgroup: {exc}") from None
 
 
 def _run_ple(

@@ -90,6 +90,8 @@ def busy_processes(
                 )
             )
         time.sleep(settle_s)  # let them start spinning before anything is timed
+        if group is not None and procs and procs[0].poll() is not None:
+            raise cpu_group.CgroupError(f"the busy processes could not join {group} (see the kernel's rules)")
         yield
     finally:
         for p in procs:
@@ -102,7 +104,7 @@ def busy_processes(
             p.wait()
         if group is not None:
             for _ in range(50):  # the killed loops leave the group within moments
-                if not (group / "cgroup.procs").exists() or not (group / "cgroup.procs").read_text().strip():
+                if not cpu_group.holds_processes(group):
                     break
                 time.sleep(0.02)
             cpu_group.remove(group)
