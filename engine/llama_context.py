@@ -102,6 +102,7 @@ class LlamaContext:
         self.n_batch = int(ll.llama_n_batch(ctx))
         self.memory = ll.llama_get_memory(ctx)
         self._one = (ll.llama_token * 1)()
+        self._batch_one = ll.llama_batch_get_one(self._one, 1)  # a view of `_one`, made once
         self.n_rs_seq = int(ll.llama_n_rs_seq(ctx))
         self._batch: object | None = None  # llama_batch with logits for every token (verify)
         self._batch_cap = 0
@@ -227,7 +228,7 @@ class LlamaContext:
         self._one[0] = token
         self.decode_steps += 1
         self.decode_thread_steps += self._threads[0]
-        rc = self._ll.llama_decode(self.ctx, self._ll.llama_batch_get_one(self._one, 1))
+        rc = self._ll.llama_decode(self.ctx, self._batch_one)
         if self.model.ple is not None and self.model.ple.error is not None:
             self._check_ple()
         return rc

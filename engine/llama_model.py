@@ -109,6 +109,7 @@ class LlamaModel:
         self.eos_id = int(ll.llama_vocab_eos(self.vocab))
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog_cache: dict[int, bool] = {}
+        self._pieces: dict[int, bytes] = {}  # token -> its bytes (the per-token path of a reply)
         self._template: ChatTemplate | None = None
         self._prompt_tokenizer: PromptTokenizer | None = None
         log.info(
@@ -149,13 +150,19 @@ class LlamaModel:
         return list(buf[:n])
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        """The raw bytes of one token (may be part of a UTF-8 character). Kept per token, as
+        every streamed token asks (a vocabulary's pieces are a few MB at most)."""
+        if not special and (piece := self._pieces.get(token)) is not None:
+            return piece
         buf = self._piece_buf
         n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = self._ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-        return buf.raw[:n]
+        piece = buf.raw[:n]
+        if not special:
+            self._pieces[token] = piece
+        return piece
 
     def token_text(self, token: int) -> str:
         return self.token_bytes(token, special=True).decode("utf-8", errors="replace")

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import ctypes
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .config.profile_schema import SamplingSettings
+from .llama_context import DecodeError
+
+
+def _addr_fn(ll: object) -> Callable[[object, int], int | None]:
+    """llama_get_logits_ith returning the row's address as an int (a function pointer of its
+    own, so llama-cpp-python's POINTER(c_float) result type stays as it is for everyone else)."""
+    fn = ll._lib["llama_get_logits_ith"]  # type: ignore[attr-defined]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    fn.restype = ctypes.c_void_p
+    return fn  # type: ignore[no-any-return]
 
 
 class Sampler:
@@ -44,6 +54,11 @@ class Sampler:
         # a chain that is greedy alone: `pick` reads the argmax straight from the logits
         penalties = s.repeat_penalty != 1.0 and s.repeat_last_n > 0
         self._row = ctypes.POINTER(ctypes.c_float * n_vocab) if self.seed is None and not penalties else None
+        # the logits row's address -> a numpy view of it: llama.cpp keeps its logits buffer
+        # between steps (it reallocates only for a batch with more outputs), so a step finds
+        # the view it had instead of building one (a few microseconds of a token's budget)
+        self._views: dict[int, np.ndarray] = {}
+        self._logits_addr = _addr_fn(ll)
         if s.repeat_penalty != 1.0:
             for tok in list(recent_tokens)[-s.repeat_last_n :]:
                 ll.llama_sampler_accept(chain, tok)
@@ -60,8 +75,16 @@ class Sampler:
         both take the first of equal maxima, and a greedy chain keeps no history."""
         if self._row is None:
             return self._ll.llama_sampler_sample(self.chain, ctx, i)
-        row = ctypes.cast(self._ll.llama_get_logits_ith(ctx, i), self._row).contents
-        return int(np.frombuffer(memoryview(row), dtype=np.float32).argmax())
+        addr = self._logits_addr(ctx, i)
+        if not addr:
+            raise DecodeError(f"no logits for output {i} of the last batch")
+        view = self._views.get(addr)
+        if view is None:
+            if len(self._views) > 64:  # buffers came and went (batches of many outputs)
+                self._views.clear()
+            row = ctypes.cast(addr, self._row).contents
+            view = self._views[addr] = np.frombuffer(memoryview(row), dtype=np.float32)
+        return int(view.argmax())
 
     def pick(self, ctx: object, i: int) -> int:
         """`sample(ctx, i)` for a speculation verify batch's positions (up to 17 a step)."""

@@ -35,6 +35,7 @@ from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
 from velo_chat.engine.spec_cost import CostModel
 from velo_chat.engine.spec_draft import NgramIndex
+from velo_chat.engine.llama_context import DecodeError
 from velo_chat.engine.speculation import SpecStepper
 
 COPY = [
@@ -737,6 +738,13 @@ def test_greedy_pick_is_the_samplers_token(request, tmp_path: Path, model: str) 
             assert greedy._row is not None
             picked = [live.pick(greedy, i) for i in range(9)]
             assert picked == [live.sample(greedy, i) for i in range(9)]
+            assert picked == [int(np.argmax(live.logits(i))) for i in range(9)]
+            # the next batch's logits land where these were: the views kept read them, not stale ones
+            live.verify(prompt[9:18])
+            again = [live.pick(greedy, i) for i in range(9)]
+            assert again == [int(np.argmax(live.logits(i))) for i in range(9)]
+            with pytest.raises(DecodeError, match="no logits"):
+                live.sample(greedy, 40)  # the batch had 9 outputs
         with Sampler(SamplingSettings(temperature=0.0, repeat_penalty=1.3), model_.n_vocab) as penalised:
             assert penalised._row is None
 
