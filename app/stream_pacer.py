@@ -14,7 +14,8 @@ The pacer reads the UI thread's own CPU clock and stretches the interval between
 the UI stays within a budget: 1% of a core when it shares the cores with llama.cpp, half a core
 when it has one of its own. A fast machine still streams 30 times a second; a small one streams
 every one to two seconds with a short transcript and every three seconds at worst with a long
-one: less often, not slower. The ceiling is what the budget asks for an update of 30 ms; at two
+one (and three seconds after the first update, whose cost is not known yet): less often, not
+slower. The ceiling is what the budget asks for an update of 30 ms; at two
 seconds it held a long session's UI at 1.5-2.5% of a core during the decode.
 """
 
@@ -62,10 +63,19 @@ class StreamPacer:
         return now - self._last >= self.interval
 
     def posted(self, now: float) -> None:
-        """Call after posting an update: the UI's CPU since the previous one sets the pace."""
+        """Call after posting an update: the UI's CPU since the previous one sets the pace.
+
+        After the first update of a reply nothing has measured an update yet (the UI's CPU
+        until then went to the turn's start: mounting the messages, the prefill's progress, and
+        how much of it the first token follows depends on the prefill's length), so on shared
+        cores the second waits the ceiling."""
+        first = self._last == float("-inf")
         self._last = now
         if self._clock is None:
             return
         cpu = self._clock()
         used, self._cpu = cpu - self._cpu, cpu
+        if first and self.share == self.SHARED_CORES_SHARE:
+            self.interval = self.MAX_INTERVAL
+            return
         self.interval = min(self.MAX_INTERVAL, max(self.MIN_INTERVAL, used / self.share))

@@ -67,7 +67,8 @@ def test_pacer_keeps_the_ui_within_its_share_of_a_core():
     cpu = [0.0]
     pacer = StreamPacer(None, ui_has_own_core=False, cpu_clock=lambda: cpu[0])
     assert pacer.due(0.0)
-    pacer.posted(0.0)
+    pacer.posted(0.0)  # the first token: nothing measured an update yet, the ceiling
+    assert pacer.interval == StreamPacer.MAX_INTERVAL and not pacer.due(0.05)
     cpu[0] += 0.004  # one cheap update: 4 ms of UI time
     pacer.posted(0.1)
     assert pacer.interval == 0.004 / StreamPacer.SHARED_CORES_SHARE
