@@ -77,6 +77,24 @@ async def test_send_streams_and_persists(tmp_path):
         assert len(factory.engines[0].turns[-1]) == 3  # the history went to the engine
 
 
+async def test_the_engine_starts_once_the_new_messages_are_drawn(tmp_path, monkeypatch):
+    """The turn's worker starts after the frame that shows the question and the empty reply:
+    after a short prefill that frame would otherwise be drawn over the decode's first tokens."""
+    started = []
+    generate = ChatScreen._generate
+
+    def record(screen, request):
+        reply = screen.query_one(Transcript).views()[-1]
+        started.append((reply.role, reply.region.height > 0))
+        return generate(screen, request)
+
+    monkeypatch.setattr(ChatScreen, "_generate", record)
+    app, _ = fake_app(tmp_path, FakeScript(reply="Hello."))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, "hi")
+        assert started == [("assistant", True)]
+
+
 async def test_cancel_keeps_partial_reply_marked_interrupted(tmp_path):
     script = FakeScript(reply="one two three four five six", pause_after=3)
     app, _ = fake_app(tmp_path, script)

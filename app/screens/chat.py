@@ -191,17 +191,19 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self.query_one(LivePanel).turn_sent()
         self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
         self._line_says_prefill = False
-        self._generate(
-            TurnRequest(
-                text,
-                self.session,
-                self.app.profile,
-                self.app.turn_kwargs,
-                rewind=rewind,
-                reasoning=self._reasoning(),
-                paced=self.app.pace_stream,
-            )
+        request = TurnRequest(
+            text,
+            self.session,
+            self.app.profile,
+            self.app.turn_kwargs,
+            rewind=rewind,
+            reasoning=self._reasoning(),
+            paced=self.app.pace_stream,
         )
+        # The engine starts once the new messages are laid out and drawn: after a short prefill
+        # that frame would otherwise be drawn over the decode's first tokens, whose threads it
+        # takes on a small machine (benchmarks/README.md, the TUI section).
+        self.call_after_refresh(self._generate, request)
 
     @work(thread=True, exclusive=True, group="generation")
     def _generate(self, request: TurnRequest) -> None:
