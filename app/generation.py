@@ -252,12 +252,18 @@ def run_turn(
         _stream(engine.info, turn, started.events, post, cancel, is_cancelled, req.paced)
 
 
+def ui_shares_cores(info: ModelLoaded) -> bool:
+    """Whether the decode's threads leave no core to the UI thread (then every frame the UI
+    draws is taken from the decode: `stream_pacer.py`)."""
+    return usable_cores() <= info.n_threads
+
+
 def _pacer(info: ModelLoaded, paced: bool = True) -> StreamPacer:
     """Paces `TokensStreamed` by the UI thread's rendering cost (see `stream_pacer.py`);
     unpaced: at the fixed minimum interval, in the events' own time."""
     if not paced:
         return StreamPacer(None, ui_has_own_core=True)
-    return StreamPacer(threading.main_thread().ident, ui_has_own_core=usable_cores() > info.n_threads)
+    return StreamPacer(threading.main_thread().ident, ui_has_own_core=not ui_shares_cores(info))
 
 
 def _stream(

@@ -77,9 +77,14 @@ async def test_send_streams_and_persists(tmp_path):
         assert len(factory.engines[0].turns[-1]) == 3  # the history went to the engine
 
 
-async def test_the_engine_starts_once_the_new_messages_are_drawn(tmp_path, monkeypatch):
-    """The turn's worker starts after the frame that shows the question and the empty reply:
-    after a short prefill that frame would otherwise be drawn over the decode's first tokens."""
+@pytest.mark.parametrize("cores, drawn_first", [(2, True), (16, False)])
+async def test_the_engine_starts_once_the_new_messages_are_drawn(tmp_path, monkeypatch, cores, drawn_first):
+    """Where the decode's threads (the fake's: 2) take every core, the turn's worker starts
+    after the frame that shows the question and the empty reply: after a short prefill that
+    frame would otherwise be drawn over the decode's first tokens. With cores to spare it
+    starts at once."""
+    from velo_chat.app import generation
+
     started = []
     generate = ChatScreen._generate
 
@@ -89,10 +94,11 @@ async def test_the_engine_starts_once_the_new_messages_are_drawn(tmp_path, monke
         return generate(screen, request)
 
     monkeypatch.setattr(ChatScreen, "_generate", record)
+    monkeypatch.setattr(generation, "usable_cores", lambda: cores)
     app, _ = fake_app(tmp_path, FakeScript(reply="Hello."))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "hi")
-        assert started == [("assistant", True)]
+        assert started == [("assistant", drawn_first)]
 
 
 async def test_cancel_keeps_partial_reply_marked_interrupted(tmp_path):

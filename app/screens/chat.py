@@ -30,7 +30,7 @@ from .. import keymap
 from ..dialogs.message import error_dialog
 from ..gc_hold import FullCollectionHold
 from ..load_rate import LoadRate
-from ..generation import TurnRequest, run_apply, run_preview, run_turn
+from ..generation import TurnRequest, run_apply, run_preview, run_turn, ui_shares_cores
 from ..messages import (
     EngineNotice,
     PrefillUpdated,
@@ -200,10 +200,14 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
             reasoning=self._reasoning(),
             paced=self.app.pace_stream,
         )
-        # The engine starts once the new messages are laid out and drawn: after a short prefill
-        # that frame would otherwise be drawn over the decode's first tokens, whose threads it
-        # takes on a small machine (benchmarks/README.md, the TUI section).
-        self.call_after_refresh(self._generate, request)
+        # Where the decode leaves the UI no core, the engine starts once the new messages are
+        # laid out and drawn: after a short prefill that frame would otherwise be drawn over the
+        # decode's first tokens, taking their threads' time (benchmarks/README.md, the TUI
+        # section). With a core to spare, the frame and the prefill run side by side.
+        if self._model_info is not None and ui_shares_cores(self._model_info):
+            self.call_after_refresh(self._generate, request)
+        else:
+            self._generate(request)
 
     @work(thread=True, exclusive=True, group="generation")
     def _generate(self, request: TurnRequest) -> None:
