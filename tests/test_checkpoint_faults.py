@@ -9,6 +9,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -357,3 +358,32 @@ def test_a_live_writers_temp_file_is_left_alone(tmp_path):
     tier.close()
     DiskTier(root, "f" * 64, {"k": 1}, 2**30, print).close()
     assert live.exists() and not dead.exists() and not odd.exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux only")
+def test_the_disk_writer_hashes_on_one_core_at_low_priority(tmp_path: Path, monkeypatch):
+    """A disk write usually overlaps the next reply's decode: its hashing must not take every
+    core from it (one hashing thread, the writer thread at nice 19), while the engine's own
+    thread keeps its priority."""
+    import numpy as np
+
+    from velo_chat.engine import checkpoint_tiers
+
+    seen: list[tuple[int | None, int]] = []
+    real = cf.payload_digest
+
+    def spy(data, threads=None):
+        seen.append((threads, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return real(data, threads)
+
+    monkeypatch.setattr(cf, "payload_digest", spy)
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    tier = checkpoint_tiers.DiskTier(tmp_path, "f" * 64, {"k": 1}, 2**30, print)
+    tier.save("one", np.arange(8, dtype=np.int32), np.zeros(1 << 20, dtype=np.uint8))
+    assert tier.flush(timeout=30)
+    tier.close()
+    assert seen == [(1, checkpoint_tiers.BACKGROUND_NICE)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    again = checkpoint_tiers.DiskTier(tmp_path, "f" * 64, {"k": 1}, 2**30, print)
+    assert [e.path.stem for e in again.entries.values()] == ["one"]  # written whole
+    again.close()
