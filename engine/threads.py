@@ -227,6 +227,20 @@ class CpuLoad:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return LoadSample(time.monotonic(), busy / self.tick, idle / self.tick, ru.ru_utime + ru.ru_stime)
 
+    def runnable_now(self) -> int | None:
+        """Threads runnable on the whole machine at this instant (/proc/stat's `procs_running`,
+        this one included), or None where it cannot be read."""
+        if not self.available:
+            return None
+        try:
+            with self.path.open("rb") as f:
+                for line in f:
+                    if line.startswith(b"procs_running"):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
     def others(self, a: LoadSample, b: LoadSample, threads: int) -> float:
         """Cores the other processes wanted between two samples (see the class doc)."""
         span = b.t - a.t
@@ -283,9 +297,15 @@ class ThreadGovernor:
             self._last = cur
             return None
         wanted = self.probe.others(self._last, cur, threads_in_use)
-        if wanted > self.others or cur.t - self._last.t > 10 * self.interval:
+        if cur.t - self._last.t > 10 * self.interval:
+            # After a pause between turns: what the others used meanwhile, but no more than
+            # what wants a core right now (this thread aside): a test run or another chat that
+            # ended during the pause no longer holds the turn back (it did: a TUI turn after an
+            # `ask` averaged 1.6-1.9 of 2 decode threads), while a compile still running counts.
+            running = self.probe.runnable_now()
+            self.others = wanted if running is None else min(wanted, float(max(running - 1, 0)))
+        elif wanted > self.others:
             # More load: follow it at once (a pool larger than the free cores collapses).
-            # After a pause between turns: what the others used meanwhile.
             self.others = wanted
         else:
             self.others = 0.5 * self.others + 0.5 * wanted  # less load: step back up gently

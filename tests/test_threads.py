@@ -145,6 +145,27 @@ def test_a_first_look_before_the_first_step_sees_a_busy_machine(sixteen_cores):
         assert gov.first_look(0.0) == want
 
 
+@pytest.mark.parametrize(("runnable", "want"), [(1, None), (3, (1, 1)), (None, (1, 1))])
+def test_after_a_pause_the_load_that_has_ended_does_not_hold_the_turn_back(runnable, want, monkeypatch):
+    """Between two turns two busy processes ran for a while: if they are gone when the next
+    turn starts (one runnable thread: this one), it starts with every thread; if they still
+    run, or nothing says (None), with what the pause left free."""
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    machine = Machine(2)
+    monkeypatch.setattr(machine, "runnable_now", lambda: runnable)
+    gov = ThreadGovernor(plan_threads("auto", "auto", gpu_resident=False), probe=machine)
+    machine.run(2, 0, span=10.0)  # the pause: this process idle, the others on both cores
+    assert gov.update(0) == want
+
+
+def test_runnable_now_reads_this_machines_count():
+    probe = CpuLoad()
+    if not probe.available:
+        pytest.skip("no /proc/stat")
+    n = probe.runnable_now()
+    assert n is not None and n >= 1  # this thread, at least
+
+
 def test_the_governor_never_goes_above_the_plan_and_is_off_when_asked(sixteen_cores):
     plan = plan_threads(1, 4, gpu_resident=True)
     machine = Machine(16)
