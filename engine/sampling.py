@@ -71,8 +71,8 @@ class Sampler:
         of the logits read in place: llama.cpp's sampler first copies the row into a candidate
         array (39 against 4 µs a token for SmolLM2's 49,152-token vocabulary on a 2-core CPU,
         9 against 3 for an 8,192-token one: on a GPU a 600 µs step loses 6% to the former).
-        The same token:
-        both take the first of equal maxima, and a greedy chain keeps no history."""
+        The same token: both take the first of equal maxima, and a greedy chain keeps no
+        history."""
         if self._row is None:
             return self._ll.llama_sampler_sample(self.chain, ctx, i)
         addr = self._logits_addr(ctx, i)

@@ -125,14 +125,14 @@ def test_doctor_reports_a_default_model_not_downloaded_as_a_problem(bare_home: P
 
 
 def test_busy_cores_get_advice_and_the_load_is_read(tmp_path: Path):
-    from velo_chat.engine.fit.machine import CpuLoad, cpu_load
+    from velo_chat.engine.fit.machine import LoadAverage, load_average
 
-    assert CpuLoad(16, 3.0).busy_advice is None
-    assert CpuLoad(16, 15.4).busy_advice is None
-    busy = CpuLoad(16, 16.0).busy_advice
+    assert LoadAverage(16, 3.0).busy_advice is None
+    assert LoadAverage(16, 15.4).busy_advice is None
+    busy = LoadAverage(16, 16.0).busy_advice
     assert busy is not None and "make -j15" in busy and "nice" in busy
-    assert "make -j1" in (CpuLoad(1, 2.0).busy_advice or "")
+    assert "make -j1" in (LoadAverage(1, 2.0).busy_advice or "")
     loadavg = tmp_path / "loadavg"
     loadavg.write_text("7.25 6.00 5.00 9/500 1234\n")
-    assert cpu_load(loadavg).load1 == 7.25
-    assert cpu_load(tmp_path / "missing").load1 == 0.0
+    assert load_average(loadavg).load1 == 7.25
+    assert load_average(tmp_path / "missing").load1 == 0.0

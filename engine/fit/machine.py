@@ -10,11 +10,12 @@ CUDA's free-memory figure is not the one to trust, so the whole estimate is comp
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..threads import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,9 @@ def probe() -> Machine:
 
 
 @dataclass(frozen=True)
-class CpuLoad:
-    """The cores this process may run on and the 1-minute load average (runnable tasks)."""
+class LoadAverage:
+    """The cores this process may run on and the 1-minute load average (runnable tasks), for
+    doctor's advice (the decode's own sampling of the CPUs is `engine/threads.py: CpuLoad`)."""
 
     cores: int
     load1: float
@@ -144,13 +146,9 @@ class CpuLoad:
         )
 
 
-def cpu_load(loadavg: Path = Path("/proc/loadavg")) -> CpuLoad:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+def load_average(loadavg: Path = Path("/proc/loadavg")) -> LoadAverage:
     try:
         load1 = float(loadavg.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         load1 = 0.0
-    return CpuLoad(cores, load1)
+    return LoadAverage(usable_cores(), load1)
