@@ -1,0 +1,200 @@
+"""Speculation's parts without a model: the draft source (`spec_draft.NgramIndex`), the cost
+model and the draft length (`spec_cost`), the exactness rule (`speculation.exactness`), and the
+speculative-sampling rule as llama.cpp's sampler chain draws it. The engine-level tests on real
+models are in `test_speculation.py`."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from velo_chat.engine import spec_cost, speculation
+from velo_chat.engine.spec_cost import CostModel
+from velo_chat.engine.spec_draft import NgramIndex
+
+
+def test_ngram_index_finds_the_longest_recent_match() -> None:
+    index = NgramIndex(2)
+    assert index.sizes == (2, 4, 6, 8)
+    index.extend([1, 2, 3, 4, 5, 9, 9, 2, 3, 4, 6, 7])
+    index.extend([0, 2, 3, 4])
+    draft, length = index.draft(3)
+    assert draft == [6, 7, 0] and length == 3  # the latest "2 3 4", not the first
+    index.extend([1, 2, 3, 4])
+    draft, length = index.draft(2)
+    assert length == 4 and draft == [5, 9]  # "1 2 3 4" beats the later "2 3 4"
+    index.add(77)
+    assert index.draft(4) == ([], 0)
+    index.truncate(3)
+    assert index.tokens == [1, 2, 3] and index.draft(2) == ([], 0)  # nothing points past the end
+
+
+def test_draft_length_follows_acceptance_and_cost() -> None:
+    cpu = CostModel(slope=0.6)
+    assert spec_cost.best_draft_length(0.3, 16, cpu, 1.05) == 0  # novel text: no draft
+    assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05) >= 8
+    gpu = CostModel(slope=0.02)
+    assert spec_cost.best_draft_length(0.5, 16, gpu, 1.05) >= 2
+    for _ in range(40):  # measured: a batch of 5 as cheap as one token
+        cpu.record(1, 0.010)
+        cpu.record(5, 0.010)
+    assert cpu.relative(9) == pytest.approx(1.0, abs=0.01)  # and so every size
+
+
+def test_cost_model_believes_no_single_slow_batch_and_caps_outliers() -> None:
+    cost = CostModel(slope=0.5)
+    cost.record(1, 0.001)
+    cost.record(1, 0.001)
+    cost.record(5, 0.050)  # the first batch of five tokens (an allocation, or descheduled)
+    assert cost.relative(5) == 3.0  # timed once: no dearer than the prior
+    cost.record(5, 0.0015)
+    assert cost.relative(5) == pytest.approx(1.5)  # the lower of the first two
+    slow = CostModel(slope=0.5)
+    for n in (1, 1, 5, 5):
+        slow.record(n, 0.050 if n == 5 else 0.001)  # twice: believed, capped
+    assert slow.measured[5] == pytest.approx(1.0 + 4 * spec_cost.MAX_SLOPE_SAMPLE)
+    for _ in range(30):
+        slow.record(5, 0.0015)
+    assert slow.relative(5) == pytest.approx(1.5, abs=0.02)  # it follows the measured cost
+    assert slow.relative(3) == pytest.approx(1.25, abs=0.02)  # below: the line through the step
+
+
+def test_cost_model_fits_the_batches_not_the_one_token_step() -> None:
+    """A batch of two costs about two steps on SmolLM2's CPU path, one of 17 about 10.7: one
+    slope through the one-token step learnt at the short drafts would never draft again, while
+    17 tokens for 10.7 steps is a 1.6x gain at full acceptance."""
+    cost = CostModel(slope=0.8)
+    for _ in range(3):
+        cost.record(1, 0.010)
+        cost.record(2, 0.0206)
+    assert cost.relative(2) == pytest.approx(2.06)
+    # beyond the largest size measured it is optimistic, so a high acceptance tries a long draft
+    assert spec_cost.best_draft_length(0.95, 16, cost, 1.05) == 16
+    assert spec_cost.best_draft_length(0.3, 16, cost, 1.05) == 0  # novel text still does not
+    for _ in range(3):
+        cost.record(17, 0.107)
+    assert cost.relative(17) == pytest.approx(10.7)
+    assert cost.relative(9) == pytest.approx(2.06 + 7 * (10.7 - 2.06) / 15)  # on the line
+    assert spec_cost.best_draft_length(1.0, 16, cost, 1.05) == 16
+    assert spec_cost.best_draft_length(0.6, 16, cost, 1.05) == 0
+
+
+H200_SAME = {1: 1.0, 2: 1.14, 5: 1.43, 9: 2.98, 17: 3.59}
+"""SmolLM2 with every layer on an H200: a verify of n tokens after one of its size (graph
+reused), in one-token steps (device_spec.sh, 2026-12-01)."""
+H200_NEW = {1: 3.70, 2: 4.40, 5: 4.34, 9: 5.95, 17: 5.80}
+"""The same, each after a call of another size (a new graph)."""
+
+
+def _h200(cost: CostModel, n: int, prev: int) -> None:
+    cost.record(n, 0.001 * (H200_SAME if n == prev else H200_NEW)[n])
+
+
+def test_cost_model_prices_a_new_graph() -> None:
+    """On the H200 a verify after a plain step, and the plain step after it, each build a new
+    graph (3-4 steps): the stepper times that from the step after a verify and charges it to
+    a draft that leaves plain steps, so novel text (acceptance about 0.3) stops drafting while
+    a copy (acceptance near 1) drafts the longest batch, and back to back batches keep their
+    size (padding a short draft) rather than build another graph."""
+    cost = CostModel(slope=0.8)
+    prev = 0
+    for n in (1, 1, 1, 2, 2, 1, 1, 17, 17, 17, 1, 1, 5, 5, 1, 1, 9, 9, 1):
+        _h200(cost, n, prev)
+        prev = n
+    assert cost.rebuild == pytest.approx(2.7, abs=0.05)
+    assert 3.0 < cost.relative(17) < 3.7  # the lower of its first two timings, then 3.59s
+    assert cost.relative(2) == pytest.approx(1.14, abs=0.3)
+    assert cost.call_cost(17, 1) == pytest.approx(cost.relative(17) + 2 * cost.rebuild)
+    assert cost.call_cost(17, 17) == cost.relative(17)
+    assert spec_cost.best_draft_length(0.3, 16, cost, 1.05, prev=1) == 0  # novel
+    assert spec_cost.best_draft_length(0.7, 16, cost, 1.05, prev=1) == 0
+    assert spec_cost.best_draft_length(0.99, 16, cost, 1.05, prev=1) == 16  # a copy
+    # inside a run of 17-token batches a 4-token draft is padded to 17 (3.6 steps, not 1.4 + 2.7)
+    assert spec_cost.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=17) == 16
+    assert spec_cost.best_draft_length(0.99, 16, cost, 1.05, available=4, prev=1) == 0
+    # on a CPU a new graph is cheap: the same draft is not padded
+    cpu = CostModel(slope=0.8)
+    for n, ms in ((1, 19.3), (1, 19.3), (2, 40.0), (2, 39.8), (1, 19.5), (5, 87.0), (5, 87.0), (1, 19.4)):
+        cpu.record(n, ms / 1000)
+    assert cpu.rebuild < 0.05
+    assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
+
+
+def test_cost_model_counts_batches_timed_before_the_first_rebuild() -> None:
+    """Batches timed after another size before any plain step followed a verify hold a new
+    graph's cost; once a rebuild is timed it is taken out of them."""
+    cost = CostModel(slope=0.8)
+    prev = 0
+    for n in (1, 1, 2, 2, 2, 5, 9, 5):  # no plain step after a verify yet
+        _h200(cost, n, prev)
+        prev = n
+    assert cost.rebuild == 0.0 and cost.measured[5] > 4.0
+    for n in (1, 1):
+        _h200(cost, n, prev)
+        prev = n
+    assert cost.rebuild == pytest.approx(2.7, abs=0.05)
+    assert cost.measured[5] == pytest.approx(4.34 - 2.7, abs=0.05)  # 5 only ever after another size
+    assert cost.measured[2] == pytest.approx(1.14, abs=0.05)  # 2 was timed back to back
+
+
+def test_exactness_rule() -> None:
+    """Bit-identical only with every layer on the CPU backend and an attention model; a CUDA
+    build computes batches of 32+ tokens on the GPU whatever the layers; speculation is used
+    where it is not bit-identical only when the profile accepts the batch rounding."""
+    from velo_chat.engine.config.profile_schema import SpeculationSettings
+
+    assert speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=16) == ""
+    assert "GPU" in speculation.exactness(gpu_build=True, gpu_layers=True, hybrid=False, max_draft=16)
+    assert "32+" in speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=31)
+    assert speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=False, max_draft=64) == ""
+    assert "chunked" in speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=True, max_draft=8)
+    on = SpeculationSettings(enabled=True)
+    assert speculation.speculation_mode(on, "") == (True, "on: bit-identical to plain decoding")
+    allowed, why = speculation.speculation_mode(on, "layers on a GPU")
+    assert not allowed and why.startswith("off: a verify batch would round") and "allow_batch_rounding" in why
+    rounding = SpeculationSettings(enabled=True, allow_batch_rounding=True)
+    assert speculation.speculation_mode(rounding, "layers on a GPU") == (
+        True,
+        "on: plain decoding up to the batch rounding (layers on a GPU)",
+    )
+    assert speculation.speculation_mode(SpeculationSettings(), "x") == (False, "off")
+
+
+def test_sampled_acceptance_follows_the_speculative_sampling_rule() -> None:
+    """The engine accepts a drafted token x when the turn's sampler chain, drawing from p,
+    gives x. On a six-token distribution with a fixed seed: x is accepted with probability
+    p(x), and a rejection yields p with x removed, renormalised."""
+    from llama_cpp import llama_cpp as ll
+
+    p = np.array([0.40, 0.25, 0.15, 0.10, 0.06, 0.04])
+    n_vocab, draft, trials = len(p), 1, 20000
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(1.0))
+    ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(1234))
+    data = (ll.llama_token_data * n_vocab)()
+    arr = ll.llama_token_data_array(data, n_vocab, -1, False)
+    accepted = 0
+    replaced = np.zeros(n_vocab)
+    try:
+        for _ in range(trials):
+            for i in range(n_vocab):
+                data[i].id, data[i].logit, data[i].p = i, float(np.log(p[i])), 0.0
+            arr.size, arr.selected, arr.sorted = n_vocab, -1, False
+            ll.llama_sampler_apply(chain, ctypes.byref(arr))
+            y = data[arr.selected].id
+            if y == draft:
+                accepted += 1
+            else:
+                replaced[y] += 1
+    finally:
+        ll.llama_sampler_free(chain)
+    sigma = np.sqrt(p[draft] * (1 - p[draft]) / trials)
+    assert abs(accepted / trials - p[draft]) < 4 * sigma
+    assert replaced[draft] == 0
+    rest = np.delete(p, draft) / (1 - p[draft])
+    observed = np.delete(replaced, draft)
+    expected = rest * observed.sum()
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # 4 degrees of freedom: p < 0.0005
