@@ -81,6 +81,12 @@ def own_path(proc_cgroup: Path = PROC_CGROUP) -> str | None:
     return None
 
 
+def _v2_path(root: Path, proc_cgroup: Path) -> str | None:
+    """This process's cgroup v2 path where `root` is a cgroup v2 mount, else None."""
+    path = own_path(proc_cgroup)
+    return path if path is not None and (root / "cgroup.controllers").exists() else None
+
+
 def _words(path: Path) -> list[str]:
     try:
         return path.read_text().split()
@@ -90,8 +96,8 @@ def _words(path: Path) -> list[str]:
 
 def probe(root: Path = ROOT, proc_cgroup: Path = PROC_CGROUP, pid: int | None = None) -> CpuGroup:
     """Read where this process runs and who shares its cgroup."""
-    path = own_path(proc_cgroup)
-    if path is None or not (root / "cgroup.controllers").exists():
+    path = _v2_path(root, proc_cgroup)
+    if path is None:
         return CpuGroup(None, False, None)
     here = root / path.lstrip("/")
     if path == "/":
@@ -112,7 +118,7 @@ def neighbours_cores(
 ) -> float | None:
     """The cores' worth of CPU that the other processes in this cgroup used over `seconds`
     (the group's `cpu.stat` usage minus this process's own CPU time); None without cgroup v2."""
-    path = own_path(proc_cgroup)
+    path = _v2_path(root, proc_cgroup)
     if path is None:
         return None
     stat = root / path.lstrip("/") / "cpu.stat"
@@ -145,8 +151,8 @@ def _lines(path: Path) -> list[str]:
 def make_sibling(name: str, root: Path = ROOT, proc_cgroup: Path = PROC_CGROUP) -> Path:
     """Create a cgroup beside this process's own (same parent) and return its folder; raise
     `CgroupError` with one line when the hierarchy does not allow it."""
-    path = own_path(proc_cgroup)
-    if path is None or not (root / "cgroup.controllers").exists():
+    path = _v2_path(root, proc_cgroup)
+    if path is None:
         raise CgroupError("no cgroup v2 hierarchy here")
     if path == "/":
         raise CgroupError("this process runs in the root cgroup: there is no sibling to create")
