@@ -2,20 +2,11 @@
 # applied, into $site (/tmp: a warm machine reuses it; the stamp holds the flags and the
 # patches' hash), then the package mapping as links and PYTHONPATH. Run from the repo root with
 # .device/ carried (benchmarks/prepare_device.sh makes it). Sets root, out, site.
-# SAVE_BUILD=1 and a carried .cudabuild/: see below.
 root=$PWD; out=${OUT:-/tmp/out}; site=${VELO_SITE:-/tmp/velo-site-ple}
 mkdir -p "$out" "$site" /tmp/res
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
 flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
 stamp="$flags $(cat packaging/patches/*.patch | sha256sum | cut -c1-16)"
-# A build carried from an earlier loan (.cudabuild/, ignored: SAVE_BUILD=1 below made its parts):
-# unpacked instead of building when its stamp is this one (saves the ~300 s build of a cold call).
-if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ] && [ -f .cudabuild/stamp ] &&
-  [ "$(cat .cudabuild/stamp)" = "$stamp" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/whl/*.whl
-  cat .cudabuild/llama_cpp.tar.xz.part-* | xz -d | tar -x -C "$site" && echo "$stamp" > "$site/.stamp" &&
-    echo "device_build: unpacked the carried build (.cudabuild)"
-fi
 if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/whl/*.whl
   rm -rf /tmp/src-ple && mkdir -p /tmp/src-ple && tar xJf .device/llcpp.tar.xz -C /tmp/src-ple
@@ -27,12 +18,6 @@ if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
     --no-deps --no-build-isolation --upgrade --target "$site" /tmp/src-ple/llama_cpp_python-0.3.36 \
     > "$out/build.log" 2>&1 || { tail -60 "$out/build.log"; exit 1; }
   echo "$stamp" > "$site/.stamp"
-fi
-# SAVE_BUILD=1: the built package back through $OUT, in parts under the device tool's 16 MiB a
-# file (copy them into .cudabuild/ with the stamp file for the next loan; benchmarks/README.md).
-if [ "${SAVE_BUILD:-0}" = 1 ]; then
-  tar -C "$site" -cf - llama_cpp | xz -T0 -6 | split -b 15M - "$out/llama_cpp.tar.xz.part-"
-  echo "$stamp" > "$out/stamp"; ls -l "$out"/llama_cpp.tar.xz.part-*
 fi
 mkdir -p /tmp/pkg/velo_chat
 for d in app engine kernels store assets; do ln -sfn "$root/$d" "/tmp/pkg/velo_chat/$d"; done

@@ -12,7 +12,8 @@
 # and the patches' hash). Logs and JSON go to $OUT. RESUME=0 skips the resume tests, BIG=0 the
 # model with the real PLE geometry (BIG_GIB: its table's size, 4 GiB); ROUNDS=N alternates the
 # modes N times; NOGRAPHS=0 leaves out the runs without CUDA graphs; SCHED_MODEL=M lists M's
-# graph splits instead of the tiny model's; BENCH=0 leaves out `velo-chat bench --ple`.
+# graph splits instead of the tiny model's; BENCH=0 leaves out `velo-chat bench --ple`, BENCH_THREADS
+# ("1") lists the decode thread counts it runs with ("1 16": also llama.cpp's default here).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 source benchmarks/device_build.sh
@@ -64,16 +65,18 @@ fi
 # The engine end to end (turns, sampling, stats): `velo-chat bench --ple stock,gpu`, one thread.
 if [ "${BENCH:-1}" = 1 ]; then
   mkdir -p "$VELO_CHAT_HOME/config/profiles"
-  printf '[model]\nn_gpu_layers = -1\n[context]\nn_ctx = 4096\nflash_attn = "on"\nn_threads = 1\nadapt_threads = false\n' \
-    > "$VELO_CHAT_HOME/config/profiles/ple.toml"
+  for t in ${BENCH_THREADS:-1}; do  # decode threads: 1 is the best stock count, 16 llama.cpp's default here
+  printf '[model]\nn_gpu_layers = -1\n[context]\nn_ctx = 4096\nflash_attn = "on"\nn_threads = %s\nadapt_threads = false\n' \
+    "$t" > "$VELO_CHAT_HOME/config/profiles/ple.toml"
   for m in "$VELO_TEST_QWEN" /tmp/ple-big.gguf; do
     [ -e "$m" ] || continue
     timeout 150 python3 -m velo_chat.app.cli bench --profile ple --model "$m" --ple stock,gpu --json \
       --no-resume --prefill-sizes 512,2048 --decode-tokens 256 --repeats 3 > /tmp/bench_ple.json \
       2>> "$out/decode.err" && python3 -c "import json,sys; d=json.load(open('/tmp/bench_ple.json')); \
 print('\n'.join(d['comparison']['lines'])); \
-print('overhead', {k: v['decode'].get('overhead') for k, v in d['ple'].items()})" | sed "s|^|bench $(basename "$m"): |"
+print('overhead', {k: v['decode'].get('overhead') for k, v in d['ple'].items()})" | sed "s|^|bench $(basename "$m") threads $t: |"
     cat /tmp/bench_ple.json >> "$out/bench_ple.jsonl" 2>/dev/null
+  done
   done
 fi
 

@@ -33,7 +33,11 @@
 #
 # Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no
 # new bench run starts after this many seconds from the end of the build, default 200),
-# SPEC_PLE (the tiny model's ple_gather, default "auto"). SPEC_LOCAL=1 runs the same logic on
+# SPEC_PLE (the tiny model's ple_gather, default "auto"), SPEC_PROFILES (which of the profiles
+# above run, in order; default "on off on-p02 on-b1"; also on-md4 and on-md8, "on" with max_draft
+# 4 and 8: on a hybrid model what the recurrent-state snapshots cost a plain step, by their
+# number), SPEC_GRAPH_KEYS (e.g. "1 0": the profiles again with GGML_CUDA_GRAPH_KEY_SHAPE set to
+# each, packaging/patches/cuda-graph-per-shape.patch against upstream's CUDA graph key). SPEC_LOCAL=1 runs the same logic on
 # this machine's .venv with the layers on the CPU and no build or GPU (a dry run of the script;
 # use small SPEC_TOKENS).
 # At most 8 files come back from the device: $OUT holds summary.txt, results.jsonl (every run's
@@ -61,12 +65,13 @@ summary=$out/summary.txt; results=$out/results.jsonl
 : > "$summary"; : > "$results"
 say() { echo "$*" | tee -a "$summary"; }
 
-profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cost_prior
+profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cost_prior[, max_draft]
   {
     printf '[model]\nn_gpu_layers = %s\nple_gather = "%s"\n' "$layers" "$4"
     printf '[context]\nn_ctx = 4096\nn_threads = 1\nn_threads_batch = %s\nflash_attn = "on"\n' "$2"
     printf '[sampling]\ntemperature = 0.0\n[speculation]\nenabled = %s\nbatch_cost_prior = %s\n' "$3" "$5"
     printf 'allow_batch_rounding = true\n'
+    [ -n "${6:-}" ] && printf 'max_draft = %s\n' "$6"
   } > "$home/config/profiles/$1.toml"
 }
 ple=${SPEC_PLE:-auto}
@@ -74,6 +79,7 @@ for m in tiny smol; do
   p=auto; [ $m = tiny ] && p=$ple
   profile $m-on '"auto"' true $p 0.8; profile $m-off '"auto"' false $p 0.8
   profile $m-on-p02 '"auto"' true $p 0.2; profile $m-on-b1 1 true $p 0.8
+  profile $m-on-md4 '"auto"' true $p 0.8 4; profile $m-on-md8 '"auto"' true $p 0.8 8
 done
 
 # -- the tests with every layer on the GPU (SmolLM2's only when it is given) ----------------------
@@ -136,9 +142,13 @@ PY
 logits tiny "$tiny" tiny-on
 have_smol=0; [ -n "$smol" ] && [ -f "$smol" ] && have_smol=1
 [ $have_smol = 1 ] && logits smol "$smol" smol-on
-for p in on off on-p02 on-b1; do
-  bench "tiny-$p" "$tiny" "tiny-$p"
-  [ $have_smol = 1 ] && bench "smol-$p" "$smol" "smol-$p"
+for key in ${SPEC_GRAPH_KEYS:-default}; do
+  tag=""
+  if [ "$key" != default ]; then export GGML_CUDA_GRAPH_KEY_SHAPE=$key; tag="-key$key"; fi
+  for p in ${SPEC_PROFILES:-on off on-p02 on-b1}; do
+    bench "tiny-$p$tag" "$tiny" "tiny-$p"
+    [ $have_smol = 1 ] && bench "smol-$p$tag" "$smol" "smol-$p"
+  done
 done
 [ $have_smol = 1 ] || say "SmolLM2 skipped: no model at '${smol}' (pass its path as the second argument)"
 "$py" - "$out/logits.jsonl" <<'PY' | tee -a "$summary"

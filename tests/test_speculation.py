@@ -499,6 +499,33 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
         assert engine._require()[2].tokens == ()  # left empty
 
 
+def test_verify_costs_outlive_the_turn(
+    qwen_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What verify batches cost is kept with the context: a later turn starts from the batch
+    sizes an earlier one timed instead of the prior; a changed prior starts over."""
+    from velo_chat.engine import spec_measure
+
+    started: list[dict[int, float]] = []
+
+    class Recording(SpecStepper):
+        def __init__(self, live, sampler, settings, session):
+            super().__init__(live, sampler, settings, session)
+            started.append(dict(self.cost.measured))
+
+    monkeypatch.setattr(spec_measure, "SpecStepper", Recording)
+    with _engine(qwen_path, tmp_path, spec=True, speculation={"batch_cost_prior": 0.0}) as engine:
+        engine.spec_replay(PROSE, 64)
+        live = engine._require()[2]
+        costs = live.batch_costs(0.0)
+        first = dict(costs.measured)
+        assert started == [{}] and any(n > 1 for n in first)  # the replay timed its verify batches
+        engine.spec_replay(PROSE, 64)
+        assert started[1] == first  # the second turn began with the first one's costs
+        assert live.batch_costs(0.0) is costs
+        assert live.batch_costs(0.5).measured == {}  # another prior: measured again
+
+
 def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, forced) -> None:
     """With every layer on the GPU a verify batch runs on the decode threads and pool (forced
     here on the CPU build): the reply is unchanged, a verify batch runs on one thread,
