@@ -28,7 +28,6 @@ import numpy as np
 from .checkpoints import Candidate, Checkpoints
 from .llama_context import DecodeError, LlamaContext, Perf
 from .sampling import Sampler
-from .spec_cost import CostModel
 
 RESTORE_MIN_GAIN = 32
 """Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
@@ -64,20 +63,6 @@ class LiveSequence:
         self._tokens: list[int] = []
         self.hybrid = hybrid
         self._rollable = 0  # tokens a hybrid model can still roll back (of its last batch)
-        self._batch_costs: CostModel | None = None
-
-    def batch_costs(self, prior: float) -> CostModel:
-        """What a decode call of n tokens costs on this context against a one-token step, as
-        speculation's verify batches measure it. Kept for the context's life, not a turn's: the
-        costs belong to the hardware, the model and its threads, so a turn after the first
-        starts from what earlier turns measured instead of re-learning from `prior`. On a GPU
-        the first verify batches of a turn cost several steps each until they are timed, which
-        on a short reply was enough to make speculation lose. A new `prior` (the profile
-        changed) starts over."""
-        if self._batch_costs is None or self._batch_costs.prior != prior:
-            self._batch_costs = CostModel(slope=prior)
-        self._batch_costs.last = 0  # a turn starts after a prefill: the next call's graph is new
-        return self._batch_costs
 
     # -- reading ----------------------------------------------------------------------------
 

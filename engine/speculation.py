@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from .config.profile_schema import SpeculationSettings
 from .live_sequence import LiveSequence
 from .sampling import Sampler
-from .spec_cost import Acceptance, best_draft_length
+from .spec_cost import Acceptance, CostModel, best_draft_length
 from .spec_draft import NgramIndex
 
 CUDA_OFFLOAD_BATCH = 32
@@ -114,7 +114,7 @@ class SpecStepper:
         self.k_max = min(settings.max_draft, live.max_draft)
         self.index = NgramIndex(settings.min_match)
         self.index.extend(session)
-        self.cost = live.batch_costs(settings.batch_cost_prior)  # kept across turns
+        self.cost = CostModel(slope=settings.batch_cost_prior)
         self.acceptance = Acceptance()
         self.counters = SpecCounters()
         self._rejected = 0  # rejected drafts of the last verify batch, still in the context
