@@ -5,18 +5,19 @@ compositor pass) is Python on the UI thread. When llama.cpp's threads already us
 default on a small machine), every millisecond the UI thread runs is taken from the decode, and
 llama.cpp's threads wait for each other at every op, so the decode loses about twice the UI's
 share of a core: measured on 2 cores, a UI using 5% of a core cost 9-10% of the decode speed.
-An update costs the same whatever it adds: a layout of the whole screen (two, in fact: Textual
-lays out again once sizes changed) and a redraw of the transcript, which scrolls; on a 2-core
-machine 15-25 ms with a short transcript and 25-45 ms with a long one (benchmarks/README.md, the
-TUI section).
+An update costs a layout of the whole screen (two, in fact: Textual lays out again once sizes
+changed) and a redraw of what changed. The streaming message holds room below its text
+(`MessageView._reserve`), so most updates grow it inside that room and the transcript neither
+grows nor scrolls: on a 2-core machine with a long transcript such an update costs 10-20 ms, and
+the one in a few that renews the room, scrolling the transcript and redrawing all of it, 25-40 ms
+(benchmarks/README.md, the TUI section).
 
 The pacer reads the UI thread's own CPU clock and stretches the interval between updates so that
 the UI stays within a budget: 1% of a core when it shares the cores with llama.cpp, half a core
 when it has one of its own. A fast machine still streams 30 times a second; a small one streams
-every one to two seconds with a short transcript and every three seconds at worst with a long
-one (and three seconds after the first update, whose cost is not known yet): less often, not
-slower. The ceiling is what the budget asks for an update of 30 ms; at two
-seconds it held a long session's UI at 1.5-2.5% of a core during the decode.
+every one to two seconds (and two seconds after the first update, whose cost is not known yet):
+less often, not slower. The ceiling, two seconds, is how long a user may wait for new text; an
+update of 20 ms or less stays within the budget there.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def thread_cpu_clock(thread_id: int | None) -> Callable[[], float] | None:
 
 class StreamPacer:
     MIN_INTERVAL = 1 / 30
-    MAX_INTERVAL = 3.0
+    MAX_INTERVAL = 2.0
     SHARED_CORES_SHARE = 0.01
     OWN_CORE_SHARE = 0.5
 

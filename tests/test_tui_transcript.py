@@ -145,3 +145,64 @@ async def test_a_new_session_starts_with_nothing_stood_down():
         await pilot.pause()
         assert not transcript.query_one("#transcript-frozen").display
         assert [v.display for v in transcript.query(MessageView)] == [True, True]
+
+
+async def test_a_streaming_reply_grows_inside_held_room_and_gives_it_back_at_the_end():
+    """While a reply streams, its message holds room below the text (half the transcript's
+    height): an update that fits in the room leaves the transcript's height and scroll position
+    alone (no scroll, no redraw of the whole transcript); one that nearly fills it renews the room;
+    the finished message is as tall as its text."""
+    app = TranscriptApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await shown_at_bottom(pilot)
+        reply = await transcript.add_message(MessageView("assistant", streaming=True))
+        transcript.scroll_end(animate=False)
+        transcript.follow()
+        await pilot.pause()
+        room = transcript.scrollable_content_region.height // 2
+        assert reply.size.height >= room  # held before the first token
+
+        words = " ".join(f"word{i}" for i in range(200))
+        await reply.stream_text(words[:20])
+        await pilot.pause()
+        virtual, scroll = transcript.virtual_size.height, transcript.scroll_y
+        await reply.stream_text(words[:60])  # a line more: inside the room
+        await pilot.pause()
+        assert (transcript.virtual_size.height, transcript.scroll_y) == (virtual, scroll)
+        assert "word8" in app.export_screenshot()
+
+        await reply.stream_text(words)  # more than the room: the message grows, the view follows
+        await pilot.pause()
+        assert transcript.virtual_size.height > virtual and transcript.scroll_y > scroll
+        assert transcript.scroll_y == transcript.max_scroll_y
+        await reply.stream_text(words + " more")  # the next update renews the room
+        await pilot.pause()
+        answer = reply.query_one(".answer")
+        assert reply.size.height >= answer.outer_size.height + 1 + room
+        assert transcript.scroll_y == transcript.max_scroll_y
+
+        await reply.finish(words, "complete")
+        await pilot.pause()
+        assert reply.styles.min_height is None
+        assert reply.size.height == answer.outer_size.height + 1  # the header line, no room
+
+
+async def test_the_room_is_renewed_before_an_update_like_the_last_would_overflow_it():
+    """Updates of a steady size never grow the message past its room (which would scroll the
+    transcript at that update and again at the renewal after it)."""
+    app = TranscriptApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        transcript = await shown_at_bottom(pilot)
+        reply = await transcript.add_message(MessageView("assistant", streaming=True))
+        transcript.follow()
+        await pilot.pause()
+        words = [f"w{i:04d}" for i in range(600)]
+        renewals, held = 0, reply.styles.min_height
+        for n in range(72, 600, 72):  # six lines an update; the room is 12
+            await reply.stream_text(" ".join(words[:n]))
+            await pilot.pause()
+            assert held is not None
+            renewals += reply.styles.min_height != held
+            held = reply.styles.min_height
+            assert held is not None and reply.size.height == held.value  # the text fits
+        assert renewals >= 2

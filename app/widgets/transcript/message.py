@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -26,6 +27,7 @@ class MessageView(Vertical, can_focus=True):
     """Focusable so `c` / `y` (copy) and `t` (reasoning) work without a mouse."""
 
     BINDINGS = keymap.bindings("message")
+    MIN_ROOM = 4  # no room is held in a transcript shorter than twice this
 
     def __init__(
         self,
@@ -51,6 +53,8 @@ class MessageView(Vertical, can_focus=True):
         self._shown_answer = ""
         self._stream: MarkdownStream | None = None
         self._thinking_stream: MarkdownStream | None = None
+        self._reserved = 0  # while streaming: the height held for the reply (0: none)
+        self._used = 0  # the height its text took at the last update
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="message-header")
@@ -60,6 +64,8 @@ class MessageView(Vertical, can_focus=True):
 
     def on_mount(self) -> None:
         self.set_class(self.streaming, "-streaming")
+        if self.streaming:  # the room is there before the first token: it does not scroll
+            self._reserve()
         self._sync_thinking_visibility(self.reasoning)
 
     def _header(self) -> str:
@@ -84,6 +90,7 @@ class MessageView(Vertical, can_focus=True):
         """Show the reply so far (answer and reasoning); writes only what is new since the
         last call."""
         self.text, self.reasoning = text, reasoning
+        self._reserve()
         if reasoning:
             if self._thinking_stream is None:
                 self._sync_thinking_visibility(reasoning)
@@ -93,6 +100,24 @@ class MessageView(Vertical, can_focus=True):
             if self._stream is None:
                 self._stream = Markdown.get_stream(self.query_one(".answer", Markdown))
             await self._write(self._stream, "_shown_answer", text)
+
+    def _reserve(self) -> None:
+        """Hold room below the streaming reply (a minimum height) so that most updates grow
+        it inside that room: the transcript's height then stays the same, it does not scroll,
+        and only the new lines are drawn. When what is left of the room would not take another
+        update like the last one (or a quarter of the room), it is renewed, and the transcript
+        scrolls once (the view moves by the room, half its height)."""
+        view = self.parent.scrollable_content_region.height if isinstance(self.parent, Widget) else 0
+        room = view // 2
+        if room < self.MIN_ROOM:
+            return
+        used = sum(child.outer_size.height for child in self.children if child.display)
+        used += self.styles.gutter.height
+        grown, self._used = used - self._used, used
+        if self._reserved and used + max(room // 4, grown) <= self._reserved:
+            return
+        self._reserved = used + room
+        self.styles.min_height = self._reserved
 
     async def _write(self, stream: MarkdownStream, attr: str, new: str) -> None:
         shown = getattr(self, attr)
@@ -108,6 +133,9 @@ class MessageView(Vertical, can_focus=True):
             if stream is not None:
                 await stream.stop()
         self._stream = self._thinking_stream = None
+        if self._reserved:
+            self._reserved = self._used = 0
+            self.styles.min_height = None
         self.text, self.reasoning, self.status, self.streaming = text, reasoning, status, False
         if message_id is not None:
             self.message_id = message_id
