@@ -36,7 +36,7 @@
 # SPEC_PLE (the tiny model's ple_gather, default "auto"), SPEC_PROFILES (which of the profiles
 # above run, in order; default "on off on-p02 on-b1"; also on-md4 and on-md8, "on" with max_draft
 # 4 and 8: on a hybrid model what the recurrent-state snapshots cost a plain step, by their
-# number), SPEC_GRAPH_KEYS (e.g. "1 0": the profiles again with GGML_CUDA_GRAPH_KEY_SHAPE set to
+# number), SPEC_MODELS (which models' logits and bench runs, default "tiny smol"), SPEC_GRAPH_KEYS (e.g. "1 0": the profiles again with GGML_CUDA_GRAPH_KEY_SHAPE set to
 # each, packaging/patches/cuda-graph-per-shape.patch against upstream's CUDA graph key). SPEC_LOCAL=1 runs the same logic on
 # this machine's .venv with the layers on the CPU and no build or GPU (a dry run of the script;
 # use small SPEC_TOKENS).
@@ -93,7 +93,7 @@ if [ -n "$smol" ] && [ -f "$smol" ]; then
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
   select=""
 fi
-timeout 100 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py \
+timeout 100 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py tests/test_spec_guard.py \
   ${select:+-k "$select"} > "$out/tests.log" 2>&1
 say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
 
@@ -130,6 +130,9 @@ for row in ("copy-edit", "novel", "replay"):
               f" accept {r['acceptance']} tok/call {r['tokens_per_call']} tokens {r['decode_tokens']}"
               f" identical {r['identical']} graphs reused {r.get('graphs_reused')}"
               f"  runs off {r['tok_s_off_runs']} on {r['tok_s_on_runs']}")
+        if r.get("batches") or r.get("declined"):
+            print(f"             verify batches {r.get('batches')} declined {r.get('declined')}"
+                  f" guarded {r.get('guarded')}")
 print(f"  verify cost (one token {s['cost_1_ms']} ms, {s.get('verify_threads')} threads): {s['cost']};"
       f" limit {s['limit_full']}x full, {s['limit_at_copy_acceptance']}x at copy-edit's acceptance")
 print(f"  verify cost, each after another size (a new graph each time): {s.get('cost_alternating')}")
@@ -139,14 +142,16 @@ PY
 }
 
 # the most telling runs first: SPEC_BUDGET_S may leave the last ones out
-logits tiny "$tiny" tiny-on
-have_smol=0; [ -n "$smol" ] && [ -f "$smol" ] && have_smol=1
+models=${SPEC_MODELS:-tiny smol}
+have_tiny=0; [[ " $models " == *" tiny "* ]] && have_tiny=1
+have_smol=0; [ -n "$smol" ] && [ -f "$smol" ] && [[ " $models " == *" smol "* ]] && have_smol=1
+[ $have_tiny = 1 ] && logits tiny "$tiny" tiny-on
 [ $have_smol = 1 ] && logits smol "$smol" smol-on
 for key in ${SPEC_GRAPH_KEYS:-default}; do
   tag=""
   if [ "$key" != default ]; then export GGML_CUDA_GRAPH_KEY_SHAPE=$key; tag="-key$key"; fi
   for p in ${SPEC_PROFILES:-on off on-p02 on-b1}; do
-    bench "tiny-$p$tag" "$tiny" "tiny-$p"
+    [ $have_tiny = 1 ] && bench "tiny-$p$tag" "$tiny" "tiny-$p"
     [ $have_smol = 1 ] && bench "smol-$p$tag" "$smol" "smol-$p"
   done
 done

@@ -119,6 +119,9 @@ class TurnStats:
     spec_drafted: int = 0  # speculation: draft tokens verified
     spec_accepted: int = 0  # of those, accepted
     spec_rounds: int = 0  # verify batches
+    spec_declined: int = 0  # plain steps at which a draft was there but did not pay
+    spec_guarded: int = 0  # times drafting stopped because the verify batches lost time
+    spec_batches: dict[int, int] = field(default_factory=dict)  # verify batch size -> batches
     decode_calls: int = 0  # llama_decode calls after the first token (verify batches included)
     # what speculation guaranteed: "bit-identical" (to plain decoding), "batch rounding: why"
     # (the same model up to the backend's batch rounding: docs/speculation.md); "": not used
@@ -167,6 +170,9 @@ class TurnStats:
                 "accepted": self.spec_accepted,
                 "acceptance": round(self.spec_acceptance, 4),
                 "rounds": self.spec_rounds,
+                "declined": self.spec_declined,
+                "guarded": self.spec_guarded,
+                "batches": {str(n): c for n, c in sorted(self.spec_batches.items())},
                 "decode_calls": self.decode_calls,
                 "tokens_per_call": round(self.tokens_per_call, 3),
                 "exactness": self.spec_exactness,

@@ -9,6 +9,8 @@ it is expected to yield; on a GPU a new graph when the batch size changes is the
 
 from __future__ import annotations
 
+import bisect
+
 MATCH_BUCKETS = (3, 5, 8, 12, 20, 32)
 """Match-length buckets (lower bounds) that keep their own acceptance estimate: a 30-token match
 predicts the next token far better than a 3-token one."""
@@ -18,6 +20,18 @@ MAX_SLOPE_SAMPLE = 2.0
 """The most one timed batch may say each extra token costs, in one-token steps. A batch that
 took far longer was descheduled or waited for something else; uncapped, one such sample priced
 drafts out for the rest of the turn, and with no drafts nothing would ever be timed again."""
+
+STEP_RATIO = 3.0
+"""A stretch between two timed batch sizes whose cost per token is at least this many times its
+neighbours' holds a step: a backend switching kernels at a batch size (ggml-cuda multiplies a
+quantized matrix by at most 8 columns with its matrix-vector kernel, by more with the
+matrix-matrix one: SmolLM2 on an H200, 5 tokens 1.28 steps, 9 tokens 2.80, 17 tokens 3.14)."""
+
+STEP_MIN = 0.5
+"""...and rises by at least this many one-token steps (below it the rise is noise)."""
+
+MAX_PROBES = 4
+"""Sizes a turn may time inside steps (each probe may cost up to the step's rise once)."""
 
 MAX_REBUILD_SAMPLE = 5.0
 """The most one timed step may say a new graph costs, in one-token steps (measured on an H200:
@@ -29,8 +43,9 @@ class CostModel:
     when its shape differs from the previous call's.
 
     Each batch size keeps its own measured cost (an exponential moving average of its time over
-    the one-token time's), and the sizes between and below those measured are read off a line
-    fitted through the batch sizes alone. Not through the one-token step: a batch takes another
+    the one-token time's); a size between two measured ones is interpolated between them, and
+    the sizes below the smallest measured are read off a line fitted through the batch sizes
+    alone. Not through the one-token step: a batch takes another
     path than a token (logits and sampling for every position; on a GPU other kernels), so a
     batch of two costs much more than a token while each further token adds little. Measured on
     the CPU (SmolLM2): 2 tokens 2.06 steps, 17 tokens 10.7; one slope through the one-token step,
@@ -53,7 +68,20 @@ class CostModel:
     pay an allocation, a GPU backend may load kernels (measured: the first two-token verify of
     a turn took over ten steps on the CPU), or a batch may be descheduled, and believed, one
     such time priced drafts out for the rest of the turn. (The first batch of each size used
-    to be dropped instead; with new graphs priced, that kept a turn on the prior too long.)"""
+    to be dropped instead; with new graphs priced, that kept a turn on the prior too long.)
+
+    **Steps.** A backend's cost is not a line: it switches kernels at batch sizes (ggml-cuda at
+    8 columns for quantized weights). Between two timed sizes whose cost per token is
+    `STEP_RATIO` times their neighbours' (and rises by `STEP_MIN` steps or more) there is a
+    step somewhere; interpolated, a size just below it looks dear and is never tried (SmolLM2 on
+    an H200: 8 tokens would read 2.4 steps between 5's 1.28 and 9's 2.80, and cost 1.43). The
+    powers of two inside such a stretch are priced as the lower end plus the neighbours' slope,
+    so where that pays the draft length rule tries one, it is timed, and the stretch narrows: a
+    search that finds the cheap power of two below a step in a verify batch or two, at most
+    `MAX_PROBES` a turn. (A bisection, tried first, missed it on the H200: between 2 and 9 the
+    middle is 5, which 17 tokens for 3.2 steps beat, so it was never tried, and 8 with it.) On
+    a CPU, whose cost grows
+    about evenly, no stretch stands out and nothing is probed."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
         self.prior = slope
@@ -70,7 +98,15 @@ class CostModel:
         self._reused: set[int] = set()  # sizes timed right after a batch of their size
         self._single: set[int] = set()  # sizes timed once (counted) so far
         self._priced: dict[int, float] = {}  # the costs the line is fitted through
+        self._sizes: list[int] = []  # the sizes of `_priced`, ascending
+        self._probe: dict[int, float] = {}  # the middle size of a step's stretch -> its price
+        self.probes = 0  # sizes first timed as a step's middle
         self.last = 0  # the size of the previous call (0: none yet; the prefill's shape)
+
+    @property
+    def step_seconds(self) -> float | None:
+        """A one-token step's time (its graph reused once one step has followed another)."""
+        return self._one
 
     def record(self, n: int, seconds: float) -> None:
         prev, self.last = self.last, n
@@ -108,6 +144,8 @@ class CostModel:
     def _batch(self, n: int, relative: float) -> None:
         r = min(max(relative, 0.5), 1.0 + MAX_SLOPE_SAMPLE * (n - 1))
         old = self.measured.get(n)
+        if old is None and n in self._probe:
+            self.probes += 1
         if old is None:  # one sample: priced no dearer than the prior until a second one
             self._single.add(n)
             self.measured[n] = r
@@ -125,6 +163,8 @@ class CostModel:
         }
         self._priced = pts
         self._top = max(pts)
+        self._sizes = sorted(pts)
+        self._probe = self._steps() if self.probes < MAX_PROBES else {}
         if len(pts) == 1:  # one size: the line through it and the one-token step
             ((m, r),) = pts.items()
             b = max((r - 1.0) / (m - 1), 0.0)
@@ -136,6 +176,25 @@ class CostModel:
         b = max(sum((n - mean_n) * (r - mean_r) for n, r in pts.items()) / var, 0.0)
         self._line = (mean_r - b * mean_n, b)
 
+    def _steps(self) -> dict[int, float]:
+        """The sizes to try inside each stretch between timed sizes that holds a step
+        (`STEP_RATIO`), priced as its lower end plus the neighbouring stretches' cost per token:
+        its powers of two, where backends switch kernels (ggml-cuda's matrix-vector kernel takes
+        up to 8 columns; its tiles are multiples of 8 and 16)."""
+        xs, pts = self._sizes, self._priced
+        slopes = [(pts[b] - pts[a]) / (b - a) for a, b in zip(xs, xs[1:], strict=False)]
+        probes: dict[int, float] = {}
+        for i, s in enumerate(slopes):
+            a, b = xs[i], xs[i + 1]
+            near = slopes[max(i - 1, 0) : i] + slopes[i + 1 : i + 2]
+            if b - a < 2 or not near or pts[b] - pts[a] < STEP_MIN:
+                continue
+            flat = max(min(near), 0.0)
+            if s >= STEP_RATIO * max(max(near), 1e-6):
+                for n in (2**e for e in range(1, b.bit_length()) if a < 2**e < b):
+                    probes[n] = pts[a] + flat * (n - a)
+        return probes
+
     def relative(self, n: int) -> float:
         """Cost of a batch of `n` over a one-token step, its graph reused."""
         if n <= 1:
@@ -143,10 +202,20 @@ class CostModel:
         top = self._top
         if not top:
             return 1.0 + self.prior * (n - 1)
+        pts = self._priced
         if n >= top:
-            return self._priced[top]
-        a, b = self._line
-        return max(a + b * n, 1.0)
+            return pts[top]
+        if n in pts:
+            return pts[n]
+        if n in self._probe:
+            return self._probe[n]
+        xs = self._sizes
+        i = bisect.bisect(xs, n)
+        if i == 0:  # below the smallest timed size: the line, no dearer than that size
+            a, b = self._line
+            return min(max(a + b * n, 1.0), pts[xs[0]])
+        lo, hi = xs[i - 1], xs[i]
+        return pts[lo] + (pts[hi] - pts[lo]) * (n - lo) / (hi - lo)
 
     def call_cost(self, n: int, prev: int) -> float:
         """Cost of a verify batch of `n` right after a call of `prev` tokens, in one-token

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config.profile_schema import SpeculationSettings
 from .live_sequence import LiveSequence
@@ -84,6 +84,21 @@ def speculation_mode(settings: SpeculationSettings, rounding: str) -> tuple[bool
     )
 
 
+GUARD_STEPS = 3.0
+"""How many one-token steps a turn's verify batches may lose against plain decoding, net,
+before drafting stops (`SpecStepper`): the cost model prices a draft from what it has timed,
+and a turn's first batches are priced from the prior; on an H200 a handful of them, each
+building new graphs into the batch and back, cost novel text 8-15% of a short reply."""
+
+GUARD_STREAK = 4
+"""Once stopped, drafting starts again after this many plain steps in a row at which the
+draft not taken would have been right (a copy has begun); twice as many after each further
+stop in the turn, up to `MAX_GUARD_STREAK` (text that repeats only in short runs, where a few
+right guesses in a row are not a copy, stops asking)."""
+
+MAX_GUARD_STREAK = 32
+
+
 @dataclass
 class SpecCounters:
     """A turn's speculation numbers (TurnStats carries them)."""
@@ -93,6 +108,9 @@ class SpecCounters:
     rounds: int = 0  # verify batches
     padded: int = 0  # tokens added to verify batches only to keep the previous batch's size
     decode_calls: int = 0  # llama_decode calls of the decode phase (verify batches included)
+    declined: int = 0  # plain steps at which a draft was there but not verified
+    guarded: int = 0  # times drafting stopped because the turn's verify batches lost time
+    batches: dict[int, int] = field(default_factory=dict)  # verify batch size -> batches
 
 
 class SpecStepper:
@@ -121,12 +139,22 @@ class SpecStepper:
         self._returned = 1  # tokens the last step returned
         self._skip = 0  # plain steps left before drafting is tried again (back-off)
         self._backoff = 1
+        self._balance = 0.0  # one-token steps the verify batches gained (+) or lost (-), net
+        self._guarded = False  # drafting stopped: the verify batches lost `GUARD_STEPS`
+        self._right = 0  # plain steps in a row whose draft, not taken, would have been right
+        self._streak = GUARD_STREAK  # such steps that lift a stop
+        self.clock = time.perf_counter  # what times the steps (a test's virtual clock)
 
     def _plain(self, token: int) -> list[int]:
-        t0 = time.perf_counter()
+        after_verify = self.cost.last > 1
+        t0 = self.clock()
         self.live.append(token)
         nxt = self.live.sample(self.sampler)
-        self.cost.record(1, time.perf_counter() - t0)
+        seconds = self.clock() - t0
+        step = self.cost.step_seconds
+        self.cost.record(1, seconds)
+        if after_verify and step:  # the one-token graph built anew: the verify run's cost
+            self._account(1.0 - seconds / step)
         self.counters.decode_calls += 1
         self._returned = 1
         return [nxt]
@@ -142,7 +170,7 @@ class SpecStepper:
             return self._plain(token)
         draft, length = self.index.draft(k_cap)
         k = 0
-        if draft and self._skip == 0:
+        if draft and self._skip == 0 and (not self._guarded or self._right >= self._streak):
             gain = 1.0 + self.settings.min_gain
             k = best_draft_length(
                 self.acceptance.rate(length),
@@ -156,11 +184,16 @@ class SpecStepper:
             self._skip = max(self._skip - 1, 0)
             plain = self._plain(token)
             if draft:  # not drafted, but was the draft right? (learns when copying starts)
-                self.acceptance.update(length, 1, int(plain[0] == draft[0]))
+                right = plain[0] == draft[0]
+                self.acceptance.update(length, 1, int(right))
+                self._right = self._right + 1 if right else 0
+                self.counters.declined += 1
+            else:
+                self._right = 0
             return plain
         draft = draft[:k]
         d = len(draft)  # the real draft; the rest of the batch pads it to the last batch's size
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.live.verify([token, *draft, *[draft[-1]] * (k - d)])
         out: list[int] = []
         for i in range(d + 1):
@@ -169,8 +202,15 @@ class SpecStepper:
             if i == d or y != draft[i]:
                 break
         accepted = len(out) - 1
-        self.cost.record(k + 1, time.perf_counter() - t0)
+        seconds = self.clock() - t0
+        step = self.cost.step_seconds
+        self.cost.record(k + 1, seconds)
+        self._guarded = self._guarded and accepted < d  # a right draft lifts a stop ...
+        self._right = 0
+        if step:  # ... unless its batch, too, lost time
+            self._account(len(out) - seconds / step)
         c = self.counters
+        c.batches[k + 1] = c.batches.get(k + 1, 0) + 1
         c.drafted += d
         c.accepted += accepted
         c.padded += k - d
@@ -184,6 +224,20 @@ class SpecStepper:
         self.index.extend(draft[:accepted])
         self._returned, self._rejected = len(out), k - accepted
         return out
+
+    def _account(self, steps: float) -> None:
+        """Book what a verify batch, or the plain step its new graph slowed, gained against
+        plain decoding, in one-token steps; stop drafting when the turn's batches have lost
+        `GUARD_STEPS` net (the drafts not taken still teach the acceptance, and a run of
+        right ones, `GUARD_STREAK` at first, starts drafting again). The balance keeps at most
+        `GUARD_STEPS` of gain, so a copy earlier in the turn does not pay for drafts that lose
+        later."""
+        self._balance = min(self._balance + steps, GUARD_STEPS)
+        if self._balance < -GUARD_STEPS and not self._guarded:
+            self._guarded, self._balance = True, 0.0
+            if self.counters.guarded:
+                self._streak = min(self._streak * 2, MAX_GUARD_STREAK)
+            self.counters.guarded += 1
 
     def held_before(self, i: int) -> int:
         """Tokens the context holds, once settled, while the `i`-th token the last `step`

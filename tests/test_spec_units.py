@@ -122,6 +122,51 @@ def test_cost_model_prices_a_new_graph() -> None:
     assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
 
 
+H200_PER_SHAPE = {1: 1.0, 2: 1.127, 3: 1.173, 5: 1.275, 9: 2.798, 17: 3.139}
+"""SmolLM2 on an H200 with a CUDA graph per batch shape, back to back (2026-12-02)."""
+
+
+def test_cost_model_finds_a_step() -> None:
+    """A verify of 8 tokens on the H200 is still the matrix-vector kernel's, of 9 the
+    matrix-matrix one's: between timed sizes on either side interpolation prices 8 far too high
+    and it would never be tried. The powers of two inside such a stretch are priced from its
+    lower end and its neighbours' slope instead, so the draft length rule tries them, largest
+    value first, until the largest cheap size is known. Both ways a turn may have timed the
+    sizes around the step (an H200 copy-edit of 2026-12-02 timed 2, 9 and 17 first)."""
+    true = {n: 1.275 + (n - 5) * 0.05 if n < 9 else 2.798 + (n - 9) * 0.0426 for n in range(2, 18)}
+    true.update({1: 1.0, 2: 1.127, 3: 1.173, 5: 1.275, 8: 1.426})  # as measured
+    for timed, first in (((2, 5, 9, 17), [8]), ((2, 9, 17), [8]), ((2, 5, 17), [16, 8])):
+        cost = CostModel(slope=0.8)
+        for n in (1, 1, *(m for m in timed for _ in range(2))):
+            cost.record(n, 0.001 * true[n])
+        assert cost.relative(9 if 9 in timed else 17) == pytest.approx(true[9 if 9 in timed else 17])
+        tried = []
+        for _ in range(6):
+            k = spec_cost.best_draft_length(0.97, 16, cost, 1.05, prev=0)
+            tried.append(k + 1)
+            for _ in range(2):
+                cost.record(k + 1, 0.001 * true[k + 1])
+        assert tried[: len(first)] == first and cost.probes == len(first), (timed, tried)
+        assert cost.relative(8) == pytest.approx(1.426)
+        assert set(tried[len(first) :]) == {8}, (timed, tried)  # 8 for 1.43 steps beats 17 for 3.14
+
+
+def test_cost_model_probes_nothing_where_the_cost_grows_evenly() -> None:
+    """SmolLM2 on this CPU (a batch costs about its tokens): no stretch stands out, and the
+    probes a turn may make are capped where one does."""
+    cpu = CostModel(slope=0.8)
+    for n, r in ((1, 1.0), (1, 1.0), (2, 2.06), (2, 2.06), (3, 2.68), (3, 2.68), (5, 4.51), (5, 4.51)):
+        cpu.record(n, 0.01 * r)
+    for n, r in ((9, 6.57), (9, 6.57), (17, 10.71), (17, 10.71)):
+        cpu.record(n, 0.01 * r)
+    assert cpu.relative(8) == pytest.approx(4.51 + 3 * (6.57 - 4.51) / 4) and cpu.probes == 0
+    capped = CostModel(slope=0.8)
+    capped.probes = spec_cost.MAX_PROBES
+    for n in (1, 1, 2, 2, 5, 5, 9, 9, 17, 17):
+        capped.record(n, 0.001 * H200_PER_SHAPE[n])
+    assert capped.relative(8) == pytest.approx(1.275 + 3 * (2.798 - 1.275) / 4)  # interpolated
+
+
 def test_cost_model_counts_batches_timed_before_the_first_rebuild() -> None:
     """Batches timed after another size before any plain step followed a verify hold a new
     graph's cost; once a rebuild is timed it is taken out of them."""

@@ -102,6 +102,9 @@ def spec_section(
                     accepted=s.spec_accepted,
                     acceptance=round(s.spec_acceptance, 4),
                     tokens_per_call=round(s.tokens_per_call, 3),
+                    declined=s.spec_declined,
+                    guarded=s.spec_guarded,
+                    batches={str(n): c for n, c in sorted(s.spec_batches.items())},
                     decode_tokens=s.decode_tokens,
                     speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
                     identical=texts[False] == texts[True],
@@ -159,6 +162,9 @@ def _replay(engine: Engine, decode_tokens: int, repeats: int, note: Callable[[st
         "accepted": c.accepted,
         "acceptance": round(c.accepted / c.drafted, 4) if c.drafted else 0.0,
         "tokens_per_call": round((results[-1].tokens - 1) / c.decode_calls, 3) if c.decode_calls else 0.0,
+        "declined": c.declined,
+        "guarded": c.guarded,
+        "batches": {str(n): k for n, k in sorted(c.batches.items())},
         "decode_tokens": results[-1].tokens,
         "speedup": round(statistics.median(on) / statistics.median(off), 3),
         "identical": all(r.identical for r in results),
@@ -181,6 +187,14 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
             f"{name:>12} {r['tok_s_off']:>10.1f} {r['tok_s_on']:>9.1f} {r['speedup'] or 0:>6.2f} "
             f"{r.get('acceptance', 0):>7.2f} {r.get('tokens_per_call', 0):>9.2f} {r['identical']}"
         )
+    for name in ("copy-edit", "novel", "replay"):
+        r = s.get(name, {})
+        if r.get("batches") or r.get("declined"):
+            sizes = ", ".join(f"{n} x{c}" for n, c in r["batches"].items()) or "none"
+            lines.append(
+                f"  {name}: verify batches {sizes}; drafts declined {r['declined']}, "
+                f"drafting stopped {r['guarded']} times"
+            )
     costs = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost"].items())
     lines.append(
         f"  verify batch of n tokens / one token ({s['cost_1_ms']:.1f} ms, "

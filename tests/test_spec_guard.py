@@ -1,0 +1,90 @@
+"""Speculation stops drafting in a turn whose verify batches lose time against plain decoding,
+and starts again once a run of drafts would have been right (`SpecStepper`'s guard).
+
+Real SmolLM2, real verify batches and rollbacks; only the stepper's clock is virtual (a
+one-token step takes one unit, a verify batch `VERIFY` units), so what the guard sees does not
+depend on this machine's speed or load, and the cost model is set aside (every batch priced as
+one step) so that the guard alone decides. The draft source is given the plain reply first
+(an oracle), so every draft would be accepted: the guard must stop drafts that are right but
+too dear, and the reply must stay the plain one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.support.spec_helpers import PROSE, oracle_session, run_turn, same_reply, spec_engine, tolerance
+from velo_chat.engine import speculation, turn_runner
+from velo_chat.engine.spec_cost import CostModel
+from velo_chat.engine.speculation import SpecStepper
+
+
+class _Clocked:
+    """The live sequence as the stepper sees it, advancing a virtual clock by one unit per
+    one-token step and by `verify` units per verify batch."""
+
+    def __init__(self, live, verify: float) -> None:
+        self._live, self._verify, self.now = live, verify, 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self._live, name)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def append(self, token: int) -> None:
+        self.now += 1.0
+        self._live.append(token)
+
+    def verify(self, tokens: Sequence[int]) -> None:
+        self.now += self._verify
+        self._live.verify(tokens)
+
+
+def _stepper(monkeypatch: pytest.MonkeyPatch, oracle: list[int], verify: float) -> None:
+    class Timed(SpecStepper):
+        def __init__(self, live, sampler, settings, session):
+            super().__init__(live, sampler, settings, [*oracle, *session])
+            self.live = clocked = _Clocked(live, verify)
+            self.clock = lambda: clocked.now
+            cost = self.cost = CostModel(slope=0.0)
+            cost.record(1, 1.0)  # a one-token step is one unit ...
+            cost.record = lambda n, seconds: setattr(cost, "last", n)  # type: ignore[method-assign]
+            # ... and every batch is priced as one step: only the guard stops drafts
+
+    monkeypatch.setattr(turn_runner, "SpecStepper", Timed)
+
+
+@pytest.mark.parametrize("verify", [30.0, 1.0])
+def test_guard_stops_drafts_that_lose_time(
+    smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, verify: float
+) -> None:
+    plain = spec_engine(smollm2_path, tmp_path / "a", spec=False)
+    spec = spec_engine(smollm2_path, tmp_path / "b", spec=True)
+    try:
+        a = run_turn(plain, PROSE, max_tokens=80, ignore_eos=True)
+        tol = tolerance(spec, PROSE)
+        _stepper(monkeypatch, oracle_session(spec, PROSE, a[0]), verify)
+        b = run_turn(spec, PROSE, max_tokens=80, ignore_eos=True)
+        st = b[1].stats
+        if same_reply(plain, PROSE, a[0], b[0], tol):
+            assert b[1].text == a[1].text
+        assert st.spec_rounds > 0 and st.spec_acceptance > 0.9  # the oracle is right (but at its end)
+        if verify == 1.0:  # verify batches pay: drafting never stops
+            assert st.spec_guarded == 0 and st.spec_declined == 0
+            assert st.tokens_per_call > 4
+        else:  # each batch of at most 9 tokens loses over 20 steps: stopped after every one,
+            # restarted after a run of right drafts not taken
+            # (and longer runs after each stop: 4, 8, 16, ...)
+            assert st.spec_guarded == st.spec_rounds >= 3
+            need = sum(
+                min(speculation.GUARD_STREAK * 2**i, speculation.MAX_GUARD_STREAK)
+                for i in range(st.spec_rounds - 1)
+            )
+            assert st.spec_declined >= need
+            assert st.tokens_per_call < 2
+    finally:
+        plain.close()
+        spec.close()
