@@ -69,8 +69,9 @@ def test_guard_stops_drafts_that_lose_time(
         _stepper(monkeypatch, oracle_session(spec, PROSE, a[0]), verify)
         b = run_turn(spec, PROSE, max_tokens=80, ignore_eos=True)
         st = b[1].stats
-        if same_reply(plain, PROSE, a[0], b[0], tol):
-            assert b[1].text == a[1].text
+        if not same_reply(plain, PROSE, a[0], b[0], tol):
+            return  # on a GPU: diverged at a near-tie (asserted); the oracle is wrong after it
+        assert b[1].text == a[1].text
         assert st.spec_rounds > 0 and st.spec_acceptance > 0.9  # the oracle is right (but at its end)
         if verify == 1.0:  # verify batches pay: drafting never stops
             assert st.spec_guarded == 0 and st.spec_declined == 0
