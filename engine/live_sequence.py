@@ -63,6 +63,10 @@ class LiveSequence:
         self._tokens: list[int] = []
         self.hybrid = hybrid
         self._rollable = 0  # tokens a hybrid model can still roll back (of its last batch)
+        # verify batch sizes this context has decoded: the first batch of a size builds what
+        # the backend keeps for that shape (a CUDA graph captured, buffers), which later ones
+        # reuse, so its time says little of theirs (`SpecStepper` does not time it)
+        self.verified_sizes: set[int] = set()
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -180,6 +184,7 @@ class LiveSequence:
         self._decoding(lambda: self._ctx.decode_all_logits(tokens, len(self._tokens)))
         self._tokens.extend(tokens)
         self._rollable = len(tokens) - 1 if self.hybrid else 0
+        self.verified_sizes.add(len(tokens))
 
     def rollback(self, n: int) -> None:
         """Drop the last `n` tokens (rejected drafts). A hybrid model goes back to a snapshot of

@@ -193,6 +193,7 @@ class SpecStepper:
             return plain
         draft = draft[:k]
         d = len(draft)  # the real draft; the rest of the batch pads it to the last batch's size
+        first = k + 1 not in self.live.verified_sizes  # the context's first batch of this size
         t0 = self.clock()
         self.live.verify([token, *draft, *[draft[-1]] * (k - d)])
         out: list[int] = []
@@ -204,10 +205,13 @@ class SpecStepper:
         accepted = len(out) - 1
         seconds = self.clock() - t0
         step = self.cost.step_seconds
-        self.cost.record(k + 1, seconds)
+        if first:  # not timed: the next batch of this size says what it costs
+            self.cost.last = k + 1
+        else:
+            self.cost.record(k + 1, seconds)
         self._guarded = self._guarded and accepted < d  # a right draft lifts a stop ...
         self._right = 0
-        if step:  # ... unless its batch, too, lost time
+        if step and not first:  # ... unless its batch, too, lost time
             self._account(len(out) - seconds / step)
         c = self.counters
         c.batches[k + 1] = c.batches.get(k + 1, 0) + 1

@@ -23,10 +23,11 @@ from velo_chat.engine.speculation import SpecStepper
 
 class _Clocked:
     """The live sequence as the stepper sees it, advancing a virtual clock by one unit per
-    one-token step and by `verify` units per verify batch."""
+    one-token step, by `verify` units per verify batch, and by `first` units for the context's
+    first batch of each size (when given)."""
 
-    def __init__(self, live, verify: float) -> None:
-        self._live, self._verify, self.now = live, verify, 0.0
+    def __init__(self, live, verify: float, first: float | None = None) -> None:
+        self._live, self._verify, self._first, self.now = live, verify, first, 0.0
 
     def __getattr__(self, name: str):
         return getattr(self._live, name)
@@ -39,16 +40,21 @@ class _Clocked:
         self._live.append(token)
 
     def verify(self, tokens: Sequence[int]) -> None:
-        self.now += self._verify
+        new = len(tokens) not in self._live.verified_sizes
+        self.now += self._first if new and self._first is not None else self._verify
         self._live.verify(tokens)
 
 
-def _stepper(monkeypatch: pytest.MonkeyPatch, oracle: list[int], verify: float) -> None:
+def _stepper(
+    monkeypatch: pytest.MonkeyPatch, oracle: list[int], verify: float, first: float | None = None
+) -> None:
     class Timed(SpecStepper):
         def __init__(self, live, sampler, settings, session):
             super().__init__(live, sampler, settings, [*oracle, *session])
-            self.live = clocked = _Clocked(live, verify)
+            self.live = clocked = _Clocked(live, verify, first)
             self.clock = lambda: clocked.now
+            if first is not None:
+                return  # the cost model as shipped, timed by the virtual clock
             cost = self.cost = CostModel(slope=0.0)
             cost.record(1, 1.0)  # a one-token step is one unit ...
             cost.record = lambda n, seconds: setattr(cost, "last", n)  # type: ignore[method-assign]
@@ -64,28 +70,51 @@ def test_guard_stops_drafts_that_lose_time(
     plain = spec_engine(smollm2_path, tmp_path / "a", spec=False)
     spec = spec_engine(smollm2_path, tmp_path / "b", spec=True)
     try:
-        a = run_turn(plain, PROSE, max_tokens=80, ignore_eos=True)
+        a = run_turn(plain, PROSE, max_tokens=100, ignore_eos=True)  # the oracle runs past the turn
         tol = tolerance(spec, PROSE)
         _stepper(monkeypatch, oracle_session(spec, PROSE, a[0]), verify)
         b = run_turn(spec, PROSE, max_tokens=80, ignore_eos=True)
         st = b[1].stats
-        if not same_reply(plain, PROSE, a[0], b[0], tol):
+        if not same_reply(plain, PROSE, a[0][:80], b[0], tol):
             return  # on a GPU: diverged at a near-tie (asserted); the oracle is wrong after it
-        assert b[1].text == a[1].text
-        assert st.spec_rounds > 0 and st.spec_acceptance > 0.9  # the oracle is right (but at its end)
+        assert st.spec_rounds > 0 and st.spec_acceptance > 0.6  # the oracle is right (the reply's
+        # own repeats, found later than the oracle's, are not always)
         if verify == 1.0:  # verify batches pay: drafting never stops
             assert st.spec_guarded == 0 and st.spec_declined == 0
             assert st.tokens_per_call > 4
-        else:  # each batch of at most 9 tokens loses over 20 steps: stopped after every one,
-            # restarted after a run of right drafts not taken
-            # (and longer runs after each stop: 4, 8, 16, ...)
-            assert st.spec_guarded == st.spec_rounds >= 3
+        else:  # each batch of at most 9 tokens loses over 20 steps: stopped after every one but
+            # the first of each size (not timed: it builds what the backend keeps for the
+            # shape), restarted after a run of right drafts not taken, longer after each stop (a
+            # batch restarted with a wrong draft leaves the stop as it is)
+            assert 3 <= st.spec_guarded <= st.spec_rounds - len(st.spec_batches)
             need = sum(
                 min(speculation.GUARD_STREAK * 2**i, speculation.MAX_GUARD_STREAK)
-                for i in range(st.spec_rounds - 1)
+                for i in range(st.spec_guarded - 1)
             )
             assert st.spec_declined >= need
             assert st.tokens_per_call < 2
+    finally:
+        plain.close()
+        spec.close()
+
+
+def test_first_batch_of_a_size_is_not_timed(smollm2_path: Path, tmp_path: Path, monkeypatch) -> None:
+    """The context's first batch of a size builds what the backend keeps for that shape (on a
+    GPU a CUDA graph is captured): here it takes 200 steps and every later one a single step.
+    Neither the cost model nor the guard may believe that first time: the turn drafts on, as
+    it would from the second batch of each size. (Timed, it tripped the guard at once and a
+    `max_draft` of 4 on an H200 declined every draft of a copy after one slow first batch.)"""
+    plain = spec_engine(smollm2_path, tmp_path / "a", spec=False)
+    spec = spec_engine(smollm2_path, tmp_path / "b", spec=True)
+    try:
+        a = run_turn(plain, PROSE, max_tokens=100, ignore_eos=True)
+        _stepper(monkeypatch, oracle_session(spec, PROSE, a[0]), 1.0, first=200.0)
+        b = run_turn(spec, PROSE, max_tokens=80, ignore_eos=True)
+        st = b[1].stats
+        if not same_reply(plain, PROSE, a[0][:80], b[0], tolerance(spec, PROSE)):
+            return  # on a GPU: diverged at a near-tie (asserted)
+        assert st.spec_guarded == 0
+        assert st.spec_rounds >= 5 and st.tokens_per_call > 3
     finally:
         plain.close()
         spec.close()

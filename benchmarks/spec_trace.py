@@ -1,0 +1,106 @@
+"""Where a speculative turn's time goes, step by step.
+
+    python benchmarks/spec_trace.py --model M.gguf --profile NAME [--workload copy-edit|novel]
+        [--tokens 512] [--repeats 2] [--show-text]
+
+Runs `bench --spec`'s workload with the profile's speculation (it must be enabled), timing every
+`SpecStepper.step` (a plain step or a verify batch, with the stepper's own Python), and the same
+turn with drafting switched off inside the stepper (every step plain, the same code path) and
+with speculation disabled (the engine's plain loop), alternately, `--repeats` times. Prints one
+JSON object: per kind of step (plain with no draft, plain with a draft declined, verify, the
+plain step right after a verify) the count and time in one-token steps; the turn's decode rate
+each way; and with `--show-text` the reply with the tokens of plain steps in brackets (where a
+copy stops being drafted). A diagnosis tool: `bench --spec` says how much, this says where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from typing import Any
+
+from velo_chat.engine import turn_runner
+from velo_chat.engine.bench.spec import workloads
+from velo_chat.engine.config.profiles import load_profile
+from velo_chat.engine.engine import Engine
+from velo_chat.engine.speculation import SpecStepper
+
+
+class _Traced(SpecStepper):
+    rows: list[dict[str, Any]] = []
+    drafting = True
+
+    def step(self, token: int, room: int) -> list[int]:
+        prev = self.cost.last
+        draft, _ = self.index.draft(max(min(self.k_max, room - 1), 1))
+        if not self.drafting:
+            self._skip = 1 << 30
+        t0 = time.perf_counter()
+        out = super().step(token, room)
+        seconds = time.perf_counter() - t0
+        size = self.cost.last
+        kind = "verify" if size > 1 else ("after-verify" if prev > 1 else ("declined" if draft else "plain"))
+        self.rows.append({"kind": kind, "size": size, "tokens": len(out), "s": seconds, "ids": out})
+        return out
+
+
+def _turn(engine: Engine, name: str, tokens: int, enabled: bool, drafting: bool) -> tuple[Any, list]:
+    profile = engine.profile
+    engine.apply(
+        dataclasses.replace(profile, speculation=dataclasses.replace(profile.speculation, enabled=enabled))
+    )
+    _Traced.rows, _Traced.drafting = [], drafting
+    engine.reset()
+    done = engine.complete(workloads()[name], max_tokens=tokens)
+    return done, list(_Traced.rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--workload", default="novel", choices=sorted(workloads()))
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--show-text", action="store_true")
+    args = ap.parse_args()
+    turn_runner.SpecStepper = _Traced  # type: ignore[misc]
+    rates: dict[str, list[float]] = {"off": [], "plain-stepper": [], "on": []}
+    out: dict[str, Any] = {"workload": args.workload}
+    with Engine(load_profile(args.profile), model_path=args.model) as engine:
+        engine.load()
+        for _ in range(args.repeats):
+            done_off, _ = _turn(engine, args.workload, args.tokens, False, False)
+            rates["off"].append(done_off.stats.decode_tok_s)
+            done_ps, rows_ps = _turn(engine, args.workload, args.tokens, True, False)
+            rates["plain-stepper"].append(done_ps.stats.decode_tok_s)
+            done_on, rows = _turn(engine, args.workload, args.tokens, True, True)
+            rates["on"].append(done_on.stats.decode_tok_s)
+        model = engine._require()[0]
+        texts = ["".join(model.token_text(t) for t in r["ids"]) for r in rows] if args.show_text else []
+    step = statistics.median(r["s"] for r in rows_ps if r["kind"] == "plain")
+    out["one_step_ms"] = round(step * 1000, 4)
+    out["rates"] = {k: [round(v, 1) for v in vs] for k, vs in rates.items()}
+    out["identical"] = done_on.text == done_off.text
+    out["tokens"] = {"off": done_off.stats.decode_tokens, "on": done_on.stats.decode_tokens}
+    kinds: dict[str, dict[str, float]] = {}
+    for r in rows:
+        k = kinds.setdefault(r["kind"], {"steps": 0, "tokens": 0, "time_in_steps": 0.0})
+        k["steps"] += 1
+        k["tokens"] += r["tokens"]
+        k["time_in_steps"] += r["s"] / step
+    out["on"] = {k: {**v, "time_in_steps": round(v["time_in_steps"], 1)} for k, v in kinds.items()}
+    out["on_total_in_steps"] = round(sum(r["s"] for r in rows) / step, 1)
+    out["plain_stepper_total_in_steps"] = round(sum(r["s"] for r in rows_ps) / step, 1)
+    out["sizes"] = [r["size"] for r in rows]
+    if texts:
+        marked = (t if r["kind"] == "verify" else f"[{t}]" for r, t in zip(rows, texts, strict=True))
+        out["text"] = "".join(marked)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
