@@ -194,6 +194,7 @@ class SpecStepper:
         draft = draft[:k]
         d = len(draft)  # the real draft; the rest of the batch pads it to the last batch's size
         first = k + 1 not in self.live.verified_sizes  # the context's first batch of this size
+        priced = self.cost.call_cost(k + 1, self.cost.last)  # what it is taken to cost, in steps
         t0 = self.clock()
         self.live.verify([token, *draft, *[draft[-1]] * (k - d)])
         out: list[int] = []
@@ -211,8 +212,8 @@ class SpecStepper:
             self.cost.record(k + 1, seconds)
         self._guarded = self._guarded and accepted < d  # a right draft lifts a stop ...
         self._right = 0
-        if step and not first:  # ... unless its batch, too, lost time
-            self._account(len(out) - seconds / step)
+        if step:  # ... unless its batch, too, lost time (a first batch: at most its price)
+            self._account(len(out) - (min(seconds / step, priced) if first else seconds / step))
         c = self.counters
         c.batches[k + 1] = c.batches.get(k + 1, 0) + 1
         c.drafted += d

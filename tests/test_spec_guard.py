@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.spec_helpers import PROSE, oracle_session, run_turn, same_reply, spec_engine, tolerance
+from tests.support.spec_helpers import (
+    PROSE,
+    oracle_session,
+    run_turn,
+    same_reply,
+    spec_engine,
+    tolerance,
+)
 from velo_chat.engine import speculation, turn_runner
 from velo_chat.engine.spec_cost import CostModel
 from velo_chat.engine.speculation import SpecStepper
@@ -101,9 +108,10 @@ def test_guard_stops_drafts_that_lose_time(
 def test_first_batch_of_a_size_is_not_timed(smollm2_path: Path, tmp_path: Path, monkeypatch) -> None:
     """The context's first batch of a size builds what the backend keeps for that shape (on a
     GPU a CUDA graph is captured): here it takes 200 steps and every later one a single step.
-    Neither the cost model nor the guard may believe that first time: the turn drafts on, as
-    it would from the second batch of each size. (Timed, it tripped the guard at once and a
-    `max_draft` of 4 on an H200 declined every draft of a copy after one slow first batch.)"""
+    The cost model does not time it, and the guard books it at no more than the price it was
+    drafted at: the turn drafts on, as from the second batch of each size. (Timed, that first
+    batch tripped the guard at once, and a `max_draft` of 4 on an H200 declined every draft of
+    a copy after one slow first batch.)"""
     plain = spec_engine(smollm2_path, tmp_path / "a", spec=False)
     spec = spec_engine(smollm2_path, tmp_path / "b", spec=True)
     try:
