@@ -45,8 +45,8 @@ class CostModel:
     Each batch size keeps its own measured cost (an exponential moving average of its time over
     the one-token time's); a size between two measured ones is interpolated between them, and
     the sizes below the smallest measured are read off a line fitted through the batch sizes
-    alone. Not through the one-token step: a batch takes another
-    path than a token (logits and sampling for every position; on a GPU other kernels), so a
+    alone. Not through the one-token step: a batch takes another path than a token (logits
+    and sampling for every position; on a GPU other kernels), so a
     batch of two costs much more than a token while each further token adds little. Measured on
     the CPU (SmolLM2): 2 tokens 2.06 steps, 17 tokens 10.7; one slope through the one-token step,
     learnt at the short drafts a turn starts with, said 1.06 a token, priced the 17-token batch
@@ -80,8 +80,7 @@ class CostModel:
     search that finds the cheap power of two below a step in a verify batch or two, at most
     `MAX_PROBES` a turn. (A bisection, tried first, missed it on the H200: between 2 and 9 the
     middle is 5, which 17 tokens for 3.2 steps beat, so it was never tried, and 8 with it.) On
-    a CPU, whose cost grows
-    about evenly, no stretch stands out and nothing is probed."""
+    a CPU, whose cost grows about evenly, no stretch stands out and nothing is probed."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
         self.prior = slope
@@ -99,8 +98,8 @@ class CostModel:
         self._single: set[int] = set()  # sizes timed once (counted) so far
         self._priced: dict[int, float] = {}  # the costs the line is fitted through
         self._sizes: list[int] = []  # the sizes of `_priced`, ascending
-        self._probe: dict[int, float] = {}  # the middle size of a step's stretch -> its price
-        self.probes = 0  # sizes first timed as a step's middle
+        self._probe: dict[int, float] = {}  # a size to try inside a step's stretch -> its price
+        self.probes = 0  # sizes first timed as such a try
         self.last = 0  # the size of the previous call (0: none yet; the prefill's shape)
 
     @property

@@ -29,7 +29,10 @@ times the tokens it is expected to yield. The stepper keeps the measured time of
 what a new graph costs when the batch size changes (on a GPU the largest cost), and an
 acceptance estimate per match length, drafts the length with the best expected tokens per unit
 of time (padding a short draft to the last batch's size where that graph is cheaper to reuse),
-and does not draft at all when none beats a plain step (novel text).
+and does not draft at all when none beats a plain step (novel text). Whatever the cost model
+gets wrong, a guard books each verify batch against plain decoding and stops drafting for the
+turn once the batches have lost a few steps net (`GUARD_STEPS`), until a run of drafts that
+would have been right says a copy has begun.
 
 What `velo-chat bench --spec` measures with it (verify-batch costs, the replay of a reply,
 batch against one-token logits) is in `spec_measure.py`.
@@ -97,6 +100,7 @@ stop in the turn, up to `MAX_GUARD_STREAK` (text that repeats only in short runs
 right guesses in a row are not a copy, stops asking)."""
 
 MAX_GUARD_STREAK = 32
+"""The longest run of right drafts not taken that a stopped turn waits for."""
 
 
 @dataclass
