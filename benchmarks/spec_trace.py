@@ -26,6 +26,7 @@ from velo_chat.engine import turn_runner
 from velo_chat.engine.bench.spec import workloads
 from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
+from velo_chat.engine.events import TokenDelta, TurnDone
 from velo_chat.engine.speculation import SpecStepper
 
 
@@ -47,15 +48,26 @@ class _Traced(SpecStepper):
         return out
 
 
-def _turn(engine: Engine, name: str, tokens: int, enabled: bool, drafting: bool) -> tuple[Any, list]:
+def _turn(
+    engine: Engine, name: str, tokens: int, enabled: bool, drafting: bool
+) -> tuple[TurnDone, list[dict[str, Any]], list[str]]:
+    """The turn's end, the stepper's rows, and each reply token's text, in order."""
     profile = engine.profile
     engine.apply(
         dataclasses.replace(profile, speculation=dataclasses.replace(profile.speculation, enabled=enabled))
     )
     _Traced.rows, _Traced.drafting = [], drafting
     engine.reset()
-    done = engine.complete(workloads()[name], max_tokens=tokens)
-    return done, list(_Traced.rows)
+    texts: list[str] = []
+    done = None
+    with engine.turn(workloads()[name], max_tokens=tokens) as turn:
+        for event in turn:
+            if isinstance(event, TokenDelta):
+                texts.append(event.reasoning + event.text)
+            elif isinstance(event, TurnDone):
+                done = event
+    assert done is not None
+    return done, list(_Traced.rows), texts
 
 
 def main() -> None:
@@ -73,14 +85,12 @@ def main() -> None:
     with Engine(load_profile(args.profile), model_path=args.model) as engine:
         engine.load()
         for _ in range(args.repeats):
-            done_off, _ = _turn(engine, args.workload, args.tokens, False, False)
+            done_off, _, _ = _turn(engine, args.workload, args.tokens, False, False)
             rates["off"].append(done_off.stats.decode_tok_s)
-            done_ps, rows_ps = _turn(engine, args.workload, args.tokens, True, False)
+            done_ps, rows_ps, _ = _turn(engine, args.workload, args.tokens, True, False)
             rates["plain-stepper"].append(done_ps.stats.decode_tok_s)
-            done_on, rows = _turn(engine, args.workload, args.tokens, True, True)
+            done_on, rows, texts = _turn(engine, args.workload, args.tokens, True, True)
             rates["on"].append(done_on.stats.decode_tok_s)
-        model = engine._require()[0]
-        texts = ["".join(model.token_text(t) for t in r["ids"]) for r in rows] if args.show_text else []
     step = statistics.median(r["s"] for r in rows_ps if r["kind"] == "plain")
     out["one_step_ms"] = round(step * 1000, 4)
     out["rates"] = {k: [round(v, 1) for v in vs] for k, vs in rates.items()}
@@ -96,9 +106,13 @@ def main() -> None:
     out["on_total_in_steps"] = round(sum(r["s"] for r in rows) / step, 1)
     out["plain_stepper_total_in_steps"] = round(sum(r["s"] for r in rows_ps) / step, 1)
     out["sizes"] = [r["size"] for r in rows]
-    if texts:
-        marked = (t if r["kind"] == "verify" else f"[{t}]" for r, t in zip(rows, texts, strict=True))
-        out["text"] = "".join(marked)
+    if args.show_text:  # the first token comes from the prefill; each row's from its step
+        parts, at = [texts[0] if texts else ""], 1
+        for r in rows:
+            text = "".join(texts[at : at + r["tokens"]])
+            at += r["tokens"]
+            parts.append(text if r["kind"] == "verify" else f"[{text}]")
+        out["text"] = "".join(parts)
     print(json.dumps(out))
 
 
