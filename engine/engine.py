@@ -43,7 +43,7 @@ from .llama_context import LlamaContext
 from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings, SpeculationSettings
 from .thinking import ThinkingSupport, requested
-from .threads import ThreadPlan
+from .threads import ThreadPlan, plan_for
 from .sampling import Sampler
 from .spec_measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
 from .speculation import exactness, speculation_mode
@@ -197,11 +197,14 @@ class Engine(EngineFacts):
 
             spec = profile.speculation
             gpu_build = bool(ll.llama_supports_gpu_offload())
+            gpu_layers = gpu_build and profile.model.n_gpu_layers != 0
             rounding = exactness(
                 gpu_build=gpu_build,
-                gpu_layers=gpu_build and profile.model.n_gpu_layers != 0,
+                gpu_layers=gpu_layers,
                 hybrid=model.hybrid,
                 max_draft=spec.max_draft,
+                decode_threads=plan_for(profile.context, gpu_resident=False).decode,
+                flash_attn=profile.context.flash_attn != "off",
             )
             self._spec_allowed, spec_mode = speculation_mode(spec, rounding)
             self._spec_exactness = f"batch rounding: {rounding}" if rounding else "bit-identical"

@@ -56,10 +56,23 @@ whose weights stay in host memory (it copies them over), so on a CUDA build a ve
 that large is a GPU batch whatever `n_gpu_layers` says."""
 
 
-def exactness(*, gpu_build: bool, gpu_layers: bool, hybrid: bool, max_draft: int) -> str:
+def exactness(
+    *,
+    gpu_build: bool,
+    gpu_layers: bool,
+    hybrid: bool,
+    max_draft: int,
+    decode_threads: int = 1,
+    flash_attn: bool = True,
+) -> str:
     """Why a verify batch's logits may differ from one-token steps' on this setup, in words;
-    "" where they are bit-identical by construction (every layer on the CPU backend, whose
-    quantized dot products are the same whatever the batch size, and an attention model)."""
+    "" where they are bit-identical: every layer on the CPU backend (whose quantized dot
+    products are the same whatever the batch size), an attention model, flash attention, and
+    one-token steps on one thread. Measured on the CPU with SmolLM2 (a 256-token reply decoded
+    again drafting from itself): identical with decode on one thread and flash attention; with
+    decode on two threads it took another token at the 226th (past 256 tokens of context,
+    where one token's attention is split between the threads and summed otherwise than a
+    batch's), and without flash attention at the 17th to 61st, on one thread or two."""
     why = []
     if gpu_layers:
         why.append("layers on a GPU, which computes a batch with other kernels than one token")
@@ -67,6 +80,14 @@ def exactness(*, gpu_build: bool, gpu_layers: bool, hybrid: bool, max_draft: int
         why.append(f"a GPU build computes batches of {CUDA_OFFLOAD_BATCH}+ tokens on the GPU")
     if hybrid:
         why.append("a hybrid model's recurrence takes its chunked path for a batch")
+    if not gpu_layers:
+        if not flash_attn:
+            why.append("attention without flash attention sums a batch otherwise than one token")
+        if decode_threads > 1:
+            why.append(
+                f"decode on {decode_threads} threads splits one token's attention otherwise than "
+                "a batch's (n_threads = 1 keeps them alike)"
+            )
     return "; ".join(why)
 
 

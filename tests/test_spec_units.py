@@ -195,6 +195,10 @@ def test_exactness_rule() -> None:
     assert "32+" in speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=31)
     assert speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=False, max_draft=64) == ""
     assert "chunked" in speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=True, max_draft=8)
+    cpu = {"gpu_build": False, "gpu_layers": False, "hybrid": False, "max_draft": 16}
+    assert speculation.exactness(**cpu, decode_threads=1, flash_attn=True) == ""
+    assert "decode on 2 threads" in speculation.exactness(**cpu, decode_threads=2, flash_attn=True)
+    assert "without flash attention" in speculation.exactness(**cpu, decode_threads=1, flash_attn=False)
     on = SpeculationSettings(enabled=True)
     assert speculation.speculation_mode(on, "") == (True, "on: bit-identical to plain decoding")
     allowed, why = speculation.speculation_mode(on, "layers on a GPU")

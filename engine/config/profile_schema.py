@@ -296,8 +296,10 @@ class SpeculationSettings:
         "Also speculate where a verify batch's logits are not bit-identical to one-token "
         "steps': with layers on a GPU (CUDA computes a batch with other kernels: measured on "
         "an H200, logits differ by up to 2.9 for SmolLM2 Q4_1 and 0.023 for a small f32 "
-        "model) and on hybrid models (a batch takes the recurrence's chunked path: 6e-4 on "
-        "the CPU). The output is then the model's up to that rounding: greedy text can take "
+        "model), on hybrid models (a batch takes the recurrence's chunked path: 6e-4 on "
+        "the CPU), and on the CPU with decode on more than one thread or without flash "
+        "attention (one token's attention is summed otherwise than a batch's). The output is "
+        "then the model's up to that rounding: greedy text can take "
         "another token where the two best logits are that close, and then goes on differently.",
         reload="context",
     )
