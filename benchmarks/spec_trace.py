@@ -16,14 +16,13 @@ copy stops being drafted). A diagnosis tool: `bench --spec` says how much, this 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
 from typing import Any
 
 from velo_chat.engine import turn_runner
-from velo_chat.engine.bench.spec import workloads
+from velo_chat.engine.bench.spec import with_speculation, workloads
 from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
@@ -52,10 +51,7 @@ def _turn(
     engine: Engine, name: str, tokens: int, enabled: bool, drafting: bool
 ) -> tuple[TurnDone, list[dict[str, Any]], list[str]]:
     """The turn's end, the stepper's rows, and each reply token's text, in order."""
-    profile = engine.profile
-    engine.apply(
-        dataclasses.replace(profile, speculation=dataclasses.replace(profile.speculation, enabled=enabled))
-    )
+    with_speculation(engine, enabled)
     _Traced.rows, _Traced.drafting = [], drafting
     engine.reset()
     texts: list[str] = []

@@ -219,7 +219,6 @@ class SpecStepper:
         draft = draft[:k]
         d = len(draft)  # the real draft; the rest of the batch pads it to the last batch's size
         first = k + 1 not in self.live.verified_sizes  # the context's first batch of this size
-        priced = self.cost.call_cost(k + 1, self.cost.last)  # what it is taken to cost, in steps
         t0 = self.clock()
         self.live.verify([token, *draft, *[draft[-1]] * (k - d)])
         out: list[int] = []
@@ -231,14 +230,17 @@ class SpecStepper:
         accepted = len(out) - 1
         seconds = self.clock() - t0
         step = self.cost.step_seconds
-        if first:  # not timed: the next batch of this size says what it costs
+        spent = seconds / step if step else 0.0  # in one-token steps
+        if first:  # not timed: the next batch of this size says what it costs; the guard
+            # books it at no more than the price it was drafted at
+            spent = min(spent, self.cost.call_cost(k + 1, self.cost.last))
             self.cost.last = k + 1
         else:
             self.cost.record(k + 1, seconds)
         self._guarded = self._guarded and accepted < d  # a right draft lifts a stop ...
         self._right = 0
-        if step:  # ... unless its batch, too, lost time (a first batch: at most its price)
-            self._account(len(out) - (min(seconds / step, priced) if first else seconds / step))
+        if step:  # ... unless its batch, too, lost time
+            self._account(len(out) - spent)
         c = self.counters
         c.batches[k + 1] = c.batches.get(k + 1, 0) + 1
         c.drafted += d

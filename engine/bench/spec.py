@@ -51,7 +51,9 @@ def workloads() -> dict[str, list[ChatMessage]]:
     }
 
 
-def _with_speculation(engine: Engine, enabled: bool) -> None:
+def with_speculation(engine: Engine, enabled: bool) -> None:
+    """Apply the engine's profile with speculation switched on or off (a context reload on a
+    hybrid model; `benchmarks/spec_trace.py` uses it too)."""
     profile = engine.profile
     spec = dataclasses.replace(profile.speculation, enabled=enabled)
     engine.apply(dataclasses.replace(profile, speculation=spec))
@@ -87,7 +89,7 @@ def spec_section(
                 for i in range(repeats):  # off and on in turns: both see the same machine load
                     for enabled in (False, True):
                         note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
-                        _with_speculation(engine, enabled)
+                        with_speculation(engine, enabled)
                         engine.reset()
                         done = engine.complete(messages, max_tokens=decode_tokens)
                         runs[enabled].append(done.stats)
@@ -132,7 +134,7 @@ def spec_section(
                 }
             engine.reset()
     finally:
-        _with_speculation(engine, loaded.speculation.enabled)
+        with_speculation(engine, loaded.speculation.enabled)
     one = costs[1]
     out["cost"] = {str(k): round(v / one, 3) for k, v in costs.items()}
     out["cost_1_ms"] = round(one * 1000, 3)
