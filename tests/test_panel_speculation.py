@@ -42,3 +42,27 @@ async def test_the_panel_takes_the_engines_word_at_load(tmp_path) -> None:
         panel.model_ready(dataclasses.replace(screen._model_info, speculation=refused), "m")
         await pilot.pause()
         assert not panel.speculation_enabled and panel.speculation == "off (needs allow_batch_rounding)"
+
+
+async def test_the_engines_word_outlasts_the_profile_it_loaded(tmp_path) -> None:
+    """When a load finishes, the screen adopts its profile (which tells every screen of the
+    profile, speculation switch included) and hands the panel the engine's word: the engine's
+    word is what stays. Seen in a real terminal: a profile with speculation on and decode on
+    two threads showed "speculation on" while the engine had refused to draft."""
+    from velo_chat.app.messages import ModelReady
+
+    app, _factory = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        panel = screen.query_one(LivePanel)
+        profile = app.profile
+        on = dataclasses.replace(profile, speculation=dataclasses.replace(profile.speculation, enabled=True))
+        refused = _mode("decode on 2 threads splits one token's attention otherwise", enabled=True)
+        info = dataclasses.replace(screen._model_info, speculation=refused)
+        screen.on_model_ready(ModelReady(info=info, profile=on, load_id=screen._load_id))
+        await pilot.pause()
+        assert not panel.speculation_enabled and panel.speculation == "off (needs allow_batch_rounding)"
+        panel.set_speculation(False)  # switched off in the settings: off at the next turn
+        assert panel.speculation == "off"
+        panel.set_speculation(True)  # on again, same model: still refused
+        assert panel.speculation == "off (needs allow_batch_rounding)"

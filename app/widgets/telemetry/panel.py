@@ -80,6 +80,7 @@ class LivePanel(Vertical):
         self.graphs = "—"
         self.speculation = "off"
         self.speculation_enabled = False
+        self._engine_speculation = ""  # the loaded model's word on it (`model_ready`), if any
         self._lines: dict[str, str] = {}  # what each line shows (`_show`)
         self.ple_fraction: float | None = None  # the PLE table's share in the page cache
         self._streaming = False  # tokens are streaming: the memory line waits for `tokens`
@@ -114,6 +115,7 @@ class LivePanel(Vertical):
     # -- model --------------------------------------------------------------------------------
 
     def model_loading(self, progress: float, name: str = "") -> None:
+        self._engine_speculation = ""  # the next load will say
         bar = self.query_one("#panel-load", ProgressBar)
         bar.display = True
         bar.update(progress=progress)
@@ -137,6 +139,7 @@ class LivePanel(Vertical):
             )
             lines += f"\nPLE {info.ple_gather}{splits}"
         self.query_one("#panel-model", Static).update(lines)
+        self._engine_speculation = info.speculation
         if info.speculation:  # what the engine made of the profile's setting on this model
             self.speculation_enabled, self.speculation = speculation_line(info.speculation)
         self._render_context()
@@ -146,6 +149,13 @@ class LivePanel(Vertical):
         self.query_one("#panel-model", Static).update("[b red]not loaded[/]")
 
     def set_speculation(self, enabled: bool) -> None:
+        """The profile's switch. Switched on, the loaded model's word on it wins where it has
+        one (drafting refused there, or on with its guarantee): adopting the loaded profile
+        calls this after the engine has spoken, and must not say "on" where it refused."""
+        word = self._engine_speculation
+        if enabled and word and word != "off":
+            self.speculation_enabled, self.speculation = speculation_line(word)
+            return
         self.speculation_enabled = enabled
         self.speculation = "on" if enabled else "off"
         self._render_context()
