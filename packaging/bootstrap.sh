@@ -38,9 +38,23 @@ if [ -n "$CUDA_ARCH" ]; then
 else
   cmake_args="-DGGML_CUDA=off -DGGML_OPENMP=OFF"
 fi
+# ggml's CPU backend is built for this CPU (-march=native). Some virtual machines report AMX in
+# CPUID yet fault on the first tile instruction: llama.cpp then dies in its AMX matrix multiply
+# on the first decode. packaging/amx_probe.c tries one; where it fails, AMX is left out of the
+# build (the explicit -mno-amx-* win over -march=native's whatever their order).
+cc=${CC:-cc}
+no_amx=""
+if echo | "$cc" -march=native -dM -E - 2>/dev/null | grep -q __AMX_TILE__; then
+  probe=$(mktemp -d)
+  if ! { "$cc" -O1 -mamx-tile -o "$probe/amx" packaging/amx_probe.c && "$probe/amx"; } 2>/dev/null; then
+    no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    log "this CPU reports AMX but does not run it: building without AMX"
+  fi
+  rm -rf "$probe"
+fi
 patches=$(ls packaging/patches/*.patch 2>/dev/null | sort || true)
 patch_hash=$(cat $patches /dev/null | sha256sum | cut -c1-16)
-flavour="$cmake_args patches=$patch_hash"
+flavour="$cmake_args patches=$patch_hash${no_amx:+ cflags=$no_amx}"
 stamp="$VENV/.llama-cpp-python-build"
 installed=$("$py" -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
 if [ "$installed" != "$LLAMA_VERSION" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$flavour" ]; then
@@ -61,6 +75,7 @@ if [ "$installed" != "$LLAMA_VERSION" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$
   done
   log "building llama-cpp-python $LLAMA_VERSION from source ($flavour, $jobs jobs; a few minutes)"
   CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
+    CFLAGS="${CFLAGS:-} $no_amx" CXXFLAGS="${CXXFLAGS:-} $no_amx" \
     "$py" -m pip install --quiet --force-reinstall --no-deps "$src"
   echo "$flavour" > "$stamp"
 fi
