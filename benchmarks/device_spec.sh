@@ -23,6 +23,8 @@
 #   off     speculation disabled: the plain decode rate of a context made without it (on a
 #           hybrid model `on` keeps max_draft recurrent-state snapshots; `off`'s own "on" column
 #           drafts nothing there)
+#   on-nowarm  `on` with speculation.warm_up = false: every verify size's kernels and CUDA
+#           graph made in the turns, not at load
 # `bench --spec` rows: copy-edit and novel (real turns, off and on alternately), replay (the
 # novel prompt's reply decoded again with that reply in the draft source: the best case on this
 # backend, meaningful with random weights too), the verify-batch cost against one token, and the
@@ -65,12 +67,13 @@ summary=$out/summary.txt; results=$out/results.jsonl
 : > "$summary"; : > "$results"
 say() { echo "$*" | tee -a "$summary"; }
 
-profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cost_prior[, max_draft]
+profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cost_prior[, max_draft[,
+  # warm_up]]
   {
     printf '[model]\nn_gpu_layers = %s\nple_gather = "%s"\n' "$layers" "$4"
     printf '[context]\nn_ctx = 4096\nn_threads = 1\nn_threads_batch = %s\nflash_attn = "on"\n' "$2"
     printf '[sampling]\ntemperature = 0.0\n[speculation]\nenabled = %s\nbatch_cost_prior = %s\n' "$3" "$5"
-    printf 'allow_batch_rounding = true\n'
+    printf 'allow_batch_rounding = true\nwarm_up = %s\n' "${7:-true}"
     [ -n "${6:-}" ] && printf 'max_draft = %s\n' "$6"
   } > "$home/config/profiles/$1.toml"
 }
@@ -80,6 +83,7 @@ for m in tiny smol; do
   profile $m-on '"auto"' true $p 0.8; profile $m-off '"auto"' false $p 0.8
   profile $m-on-p02 '"auto"' true $p 0.2; profile $m-on-b1 1 true $p 0.8
   profile $m-on-md4 '"auto"' true $p 0.8 4; profile $m-on-md8 '"auto"' true $p 0.8 8
+  profile $m-on-nowarm '"auto"' true $p 0.8 "" false
 done
 
 # -- the tests with every layer on the GPU (SmolLM2's only when it is given) ----------------------
@@ -87,13 +91,14 @@ export VELO_TEST_QWEN=$tiny VELO_TEST_GPU_LAYERS=$layers
 export VELO_TEST_CACHE=$home/test-data
 mkdir -p "$VELO_TEST_CACHE"
 select="qwen or hybrid or exactness or ngram or draft_length or speculative_sampling or replay"
-select="$select or cost_model or decode_threads or bench_spec"
+select="$select or cost_model or decode_threads or bench_spec or warm_up_leaves"
 if [ -n "$smol" ] && [ -f "$smol" ]; then
   ln -sf "$(cd "$(dirname "$smol")" && pwd)/$(basename "$smol")" \
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
   select=""
 fi
-timeout 100 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py tests/test_spec_guard.py \
+timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py tests/test_spec_guard.py \
+  tests/test_spec_warm_up.py \
   ${select:+-k "$select"} > "$out/tests.log" 2>&1
 say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
 

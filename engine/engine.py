@@ -39,7 +39,7 @@ from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnD
 from .api import EngineFacts
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from . import llama_log
-from .llama_context import LlamaContext
+from .llama_context import DecodeError, LlamaContext
 from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings, SpeculationSettings
 from .thinking import ThinkingSupport, requested
@@ -221,6 +221,8 @@ class Engine(EngineFacts):
             raise
         self._model, self._ctx = model, ctx
         self._live = LiveSequence(ctx, hybrid=model.hybrid)
+        if drafts and gpu_layers and spec.warm_up:
+            self._warm_up(self._live, spec)
         self._checkpoints = self._make_checkpoints(profile, self._checkpoint_root)
         self._info = ModelLoaded(
             path=str(self._model_path),
@@ -245,6 +247,21 @@ class Engine(EngineFacts):
             log.info("speculation %s", spec_mode)
         emit(self._info)
         return self._info
+
+    def _warm_up(self, live: LiveSequence, spec: SpeculationSettings) -> None:
+        """Verify batches of every size a turn may use, decoded at load (`LiveSequence.warm_up`)."""
+        t0 = time.perf_counter()
+        sizes = range(1, min(spec.max_draft, live.max_draft) + 2)
+        try:
+            live.warm_up(sizes)
+        except DecodeError as exc:  # the turns will build what they need themselves
+            log.warning("speculation: warming up the verify batches failed: %s", exc)
+            return
+        log.info(
+            "speculation: verify batches of 1-%d tokens warmed up in %.0f ms",
+            sizes[-1],
+            (time.perf_counter() - t0) * 1000,
+        )
 
     def _make_checkpoints(self, profile: Profile, root: Path | None) -> Checkpoints | None:
         if not profile.checkpoints.enabled or self._model is None or self._ctx is None:

@@ -20,6 +20,7 @@ must stay inside the last batch (`max_draft` is what a verify batch may draft).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -185,6 +186,24 @@ class LiveSequence:
         self._tokens.extend(tokens)
         self._rollable = len(tokens) - 1 if self.hybrid else 0
         self.verified_sizes.add(len(tokens))
+
+    def warm_up(self, sizes: Sequence[int], token: int = 0, repeats: int = 2) -> None:
+        """Decode a verify batch of each size `repeats` times on the empty context, then empty
+        it again. What a backend keeps per batch shape is then made before the first turn:
+        ggml-cuda runs a new shape eagerly once and captures its CUDA graph the next time,
+        and CUDA loads a kernel at its first launch (each batch size up to 8 has its own
+        matrix-vector kernels, larger ones the matrix-matrix ones)."""
+        if self._tokens:
+            raise RuntimeError("warm_up needs an empty context")
+        for n in sizes:
+            if n - 1 > self.max_draft or n > self.n_ctx:
+                continue
+            batch = [token] * n
+            for _ in range(repeats):
+                self._decoding(functools.partial(self._ctx.decode_all_logits, batch, 0))
+                self._ctx.clear()
+        self._ctx.synchronize()
+        self.clear()
 
     def rollback(self, n: int) -> None:
         """Drop the last `n` tokens (rejected drafts). A hybrid model goes back to a snapshot of
