@@ -33,6 +33,8 @@
 # copy-edit and novel rows draft nothing and measure only what speculation costs; replay shows
 # what it gives when the reply does repeat session text.
 #
+# SPEC_SNAPSHOTS=1 first runs benchmarks/spec_snapshots.py on the tiny model (plain decoding in
+# contexts with max_draft 0, 4 and 16 side by side, and a kernel profile of each; snapshots.json).
 # Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no
 # new bench run starts after this many seconds from the end of the build, default 200),
 # SPEC_PLE (the tiny model's ple_gather, default "auto"), SPEC_PROFILES (which of the profiles
@@ -43,7 +45,8 @@
 # this machine's .venv with the layers on the CPU and no build or GPU (a dry run of the script;
 # use small SPEC_TOKENS).
 # At most 8 files come back from the device: $OUT holds summary.txt, results.jsonl (every run's
-# JSON, one line each), logits.jsonl, tests.log, bench.err and build.log (only when it built).
+# JSON, one line each), logits.jsonl, tests.log, bench.err, build.log (only when it built) and
+# snapshots.json (with SPEC_SNAPSHOTS=1).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 t_start=$(date +%s)
@@ -101,6 +104,13 @@ timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_spe
   tests/test_spec_warm_up.py \
   ${select:+-k "$select"} > "$out/tests.log" 2>&1
 say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
+
+# -- what the rollback snapshots cost plain steps (SPEC_SNAPSHOTS=1; tiny model, kernel profile) --
+if [ "${SPEC_SNAPSHOTS:-0}" = 1 ] && [[ " ${SPEC_MODELS:-tiny smol} " == *" tiny "* ]]; then
+  timeout 200 "$py" benchmarks/spec_snapshots.py --model "$tiny" --profile tiny-on --drafts 0,4,16 \
+    --tokens 256 --repeats 5 --kernels > "$out/snapshots.json" 2>> "$out/bench.err"
+  say "snapshots: $(cat "$out/snapshots.json")"
+fi
 
 # -- verify-batch logits against one-token logits ------------------------------------------------
 : > "$out/logits.jsonl"
