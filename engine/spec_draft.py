@@ -56,6 +56,12 @@ class NgramIndex:
         it and occurred before; and the length of that match. ([], 0) when there is none."""
         toks = self.tokens
         end = len(toks)
+        # Every size is recorded together (`add`), so where the shortest n-gram ending the
+        # sequence never occurred no longer one did either: one lookup instead of one per size
+        # for the usual step of novel text, which has no match at all.
+        n = self.sizes[0]
+        if n < end and hash((n, *toks[end - n : end])) not in self._next:
+            return [], 0
         for n in self._longest_first:
             if n >= end:
                 continue
