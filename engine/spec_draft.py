@@ -62,6 +62,12 @@ class NgramIndex:
         n = self.sizes[0]
         if n < end and hash((n, *toks[end - n : end])) not in self._next:
             return [], 0
+        return self.lookup(k)
+
+    def lookup(self, k: int) -> tuple[list[int], int]:
+        """`draft` without its shortcut: every indexed size looked up, longest first."""
+        toks = self.tokens
+        end = len(toks)
         for n in self._longest_first:
             if n >= end:
                 continue
