@@ -103,7 +103,7 @@ def main() -> None:
         if args.kernels:
             n = 64
             profiles = {d: _kernels(engine, n) for d, engine in engines.items()}
-            t0, c0 = profiles[drafts[0]]
+            t0 = profiles[drafts[0]][0]
             kernels: dict[str, Any] = {}
             for d, (t, c) in profiles.items():
                 diff = Counter({k: t[k] - t0.get(k, 0) for k in set(t) | set(t0)})

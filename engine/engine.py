@@ -221,8 +221,12 @@ class Engine(EngineFacts):
             raise
         self._model, self._ctx = model, ctx
         self._live = LiveSequence(ctx, hybrid=model.hybrid)
-        if drafts and gpu_layers and spec.warm_up:
-            self._warm_up(self._live, spec)
+        if drafts and gpu_layers and spec.warm_up:  # each verify size's kernels and CUDA graph
+            try:
+                seconds = self._live.warm_up(spec.max_draft)
+                log.info("speculation: verify batches warmed up in %.0f ms", seconds * 1000)
+            except DecodeError as exc:  # the turns will build what they need themselves
+                log.warning("speculation: warming up the verify batches failed: %s", exc)
         self._checkpoints = self._make_checkpoints(profile, self._checkpoint_root)
         self._info = ModelLoaded(
             path=str(self._model_path),
@@ -247,21 +251,6 @@ class Engine(EngineFacts):
             log.info("speculation %s", spec_mode)
         emit(self._info)
         return self._info
-
-    def _warm_up(self, live: LiveSequence, spec: SpeculationSettings) -> None:
-        """Verify batches of every size a turn may use, decoded at load (`LiveSequence.warm_up`)."""
-        t0 = time.perf_counter()
-        sizes = range(1, min(spec.max_draft, live.max_draft) + 2)
-        try:
-            live.warm_up(sizes)
-        except DecodeError as exc:  # the turns will build what they need themselves
-            log.warning("speculation: warming up the verify batches failed: %s", exc)
-            return
-        log.info(
-            "speculation: verify batches of 1-%d tokens warmed up in %.0f ms",
-            sizes[-1],
-            (time.perf_counter() - t0) * 1000,
-        )
 
     def _make_checkpoints(self, profile: Profile, root: Path | None) -> Checkpoints | None:
         if not profile.checkpoints.enabled or self._model is None or self._ctx is None:

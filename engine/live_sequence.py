@@ -21,6 +21,7 @@ must stay inside the last batch (`max_draft` is what a verify batch may draft).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -187,23 +188,26 @@ class LiveSequence:
         self._rollable = len(tokens) - 1 if self.hybrid else 0
         self.verified_sizes.add(len(tokens))
 
-    def warm_up(self, sizes: Sequence[int], token: int = 0, repeats: int = 2) -> None:
-        """Decode a verify batch of each size `repeats` times on the empty context, then empty
-        it again. What a backend keeps per batch shape is then made before the first turn:
-        ggml-cuda runs a new shape eagerly once and captures its CUDA graph the next time,
+    def warm_up(self, max_draft: int, token: int = 0, repeats: int = 2) -> float:
+        """Decode a verify batch of every size a turn may use (1 to `max_draft + 1` tokens, as
+        far as the context allows) `repeats` times on the empty context, then empty it again;
+        the seconds it took. What a backend keeps per batch shape is then made before the first
+        turn: ggml-cuda runs a new shape eagerly once and captures its CUDA graph the next time,
         and CUDA loads a kernel at its first launch (each batch size up to 8 has its own
         matrix-vector kernels, larger ones the matrix-matrix ones)."""
         if self._tokens:
             raise RuntimeError("warm_up needs an empty context")
-        for n in sizes:
-            if n - 1 > self.max_draft or n > self.n_ctx:
-                continue
+        t0 = time.perf_counter()
+        for n in range(1, min(max_draft, self.max_draft) + 2):
+            if n > self.n_ctx:
+                break
             batch = [token] * n
             for _ in range(repeats):
                 self._decoding(functools.partial(self._ctx.decode_all_logits, batch, 0))
                 self._ctx.clear()
         self._ctx.synchronize()
         self.clear()
+        return time.perf_counter() - t0
 
     def rollback(self, n: int) -> None:
         """Drop the last `n` tokens (rejected drafts). A hybrid model goes back to a snapshot of
