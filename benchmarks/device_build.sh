@@ -1,11 +1,12 @@
 # Sourced by the device scripts: the llama-cpp-python CUDA build (sm_90) with packaging/patches
-# applied, into $site (/tmp: a warm machine reuses it; the stamp holds the flags and the
-# patches' hash), then the package mapping as links and PYTHONPATH. Run from the repo root with
+# applied and ggml's CPU code built for x86-64-v3 as packaging/bootstrap.sh builds it on x86_64,
+# into $site (/tmp: a warm machine reuses it; the stamp holds the flags and the patches' hash),
+# then the package mapping as links and PYTHONPATH. Run from the repo root with
 # .device/ carried (benchmarks/prepare_device.sh makes it). Sets root, out, site.
 root=$PWD; out=${OUT:-/tmp/out}; site=${VELO_SITE:-/tmp/velo-site-ple}
 mkdir -p "$out" "$site" /tmp/res
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
-flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
+flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 stamp="$flags $(cat packaging/patches/*.patch | sha256sum | cut -c1-16)"
 if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .device/whl/*.whl

@@ -21,7 +21,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
 t0=$(date +%s)
-CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF" \
+CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" \
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) python3 -m pip install --no-index --no-deps \
   --no-build-isolation --target /tmp/site /tmp/src/llama_cpp_python-0.3.36 > "$out/build.log" 2>&1 \
   || { tail -40 "$out/build.log"; exit 1; }

@@ -21,7 +21,7 @@ src=$(cd "${VELO_SRC:-$root}" && pwd)
 site=${VELO_SITE:-/tmp/velo-site}
 mkdir -p "$out" "$site" /tmp/src
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
-flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF"
+flags="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_OPENMP=OFF -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$flags" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
     .device/whl/*.whl

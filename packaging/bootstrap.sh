@@ -10,6 +10,7 @@
 #   CUDA_ARCH=121a  CUDA build for a DGX Spark (GB10)
 #   CUDA_ARCH=90    CUDA build for an H200
 #   LLAMA_SDIST=    a local llama-cpp-python sdist (.tar.gz/.tar.xz) instead of downloading one
+#   NATIVE_CPU=1    on x86_64, build ggml's CPU code for this machine instead of x86-64-v3
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,13 +39,19 @@ if [ -n "$CUDA_ARCH" ]; then
 else
   cmake_args="-DGGML_CUDA=off -DGGML_OPENMP=OFF"
 fi
-# ggml's CPU backend is built for this CPU (-march=native). Some virtual machines report AMX in
-# CPUID yet fault on the first tile instruction: llama.cpp then dies in its AMX matrix multiply
-# on the first decode. packaging/amx_probe.c tries one; where it fails, AMX is left out of the
-# build (the explicit -mno-amx-* win over -march=native's whatever their order).
+# ggml's CPU backend. On x86_64 it is built for a fixed instruction set (x86-64-v3: AVX2, FMA,
+# F16C, BMI2; no AVX-512, no AMX) rather than for the build machine (-march=native): virtual
+# machines differ in what they report, and some report AMX yet fault on its first tile
+# instruction, so a native build died in ggml's AMX matrix multiply on the first decode on one
+# machine and not on the next. The same build then computes the same way on every x86_64 host.
+# NATIVE_CPU=1 builds for this machine instead (AMX kept only where packaging/amx_probe.c runs
+# a tile configuration). On aarch64 (a DGX Spark's Grace cores) the build stays native.
+NATIVE_CPU=${NATIVE_CPU:-}
 cc=${CC:-cc}
 no_amx=""
-if echo | "$cc" -march=native -dM -E - 2>/dev/null | grep -q __AMX_TILE__; then
+if [ "$(uname -m)" = x86_64 ] && [ -z "$NATIVE_CPU" ]; then
+  cmake_args="$cmake_args -DGGML_NATIVE=OFF"
+elif echo | "$cc" -march=native -dM -E - 2>/dev/null | grep -q __AMX_TILE__; then
   probe=$(mktemp -d)
   if ! { "$cc" -O1 -mamx-tile -o "$probe/amx" packaging/amx_probe.c && "$probe/amx"; } 2>/dev/null; then
     no_amx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
