@@ -146,6 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="only compare decoding with and without n-gram speculation (copy-edit and novel code)",
     )
     bench.add_argument(
+        "--spec-file",
+        metavar="FILE",
+        help="with --spec: build the copy-edit workload from this source file (about 150 lines "
+        "is typical) instead of colorsys.py; a name it defines is renamed",
+    )
+    bench.add_argument(
+        "--spec-rename",
+        metavar="OLD=NEW",
+        help="with --spec-file: the rename the copy-edit prompt asks for (default: the name the "
+        "file defines and uses most)",
+    )
+    bench.add_argument(
         "--load",
         type=_bounded(int, 0, 1024),
         default=0,

@@ -124,6 +124,7 @@ class Engine(EngineFacts):
         self._live: LiveSequence | None = None
         self._spec_allowed = False  # speculation may draft on this setup (decided at load)
         self._spec_exactness = ""  # its guarantee there (TurnStats.spec_exactness)
+        self._spec_if_enabled = ""  # `speculation` as it would read with speculation.enabled
         self._checkpoints: Checkpoints | None = None
         self._info: ModelLoaded | None = None
         self._prefill_tok_s: float | None = None  # the last measured prefill rate (previews)
@@ -207,6 +208,7 @@ class Engine(EngineFacts):
                 flash_attn=profile.context.flash_attn != "off",
             )
             self._spec_allowed, spec_mode = speculation_mode(spec, rounding)
+            self._spec_if_enabled = speculation_mode(dataclasses.replace(spec, enabled=True), rounding)[1]
             self._spec_exactness = f"batch rounding: {rounding}" if rounding else "bit-identical"
             drafts = spec.enabled and self._spec_allowed
             with llama_log.lines() as made:
@@ -371,6 +373,12 @@ class Engine(EngineFacts):
         "off", "on: bit-identical to plain decoding", "on: plain decoding up to the batch
         rounding (why)", or off and why."""
         return self._info.speculation if self._info is not None else ""
+
+    @property
+    def speculation_if_enabled(self) -> str:
+        """`speculation` as it reads with `speculation.enabled` switched on (what a profile that
+        enables it gets on this setup: `bench --spec` runs its "on" column so, and says it)."""
+        return self._spec_if_enabled if self._info is not None else ""
 
     @property
     def verify_threads(self) -> str:

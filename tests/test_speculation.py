@@ -429,6 +429,29 @@ def test_bit_identical_needs_one_decode_thread_and_flash_attention(
             )
 
 
+def test_speculation_if_enabled_says_what_a_profile_that_enables_it_gets(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """A profile that leaves speculation off reads "off"; `speculation_if_enabled` (what
+    `bench --spec` prints above its "on" column) says what enabling it would give on the same
+    setup, and why not where it would not draft."""
+    strict = {"allow_batch_rounding": False}
+    for threads, expected in ((1, "on: bit-identical"), (2, "off: a verify batch would round")):
+        context = {"n_threads": threads, "flash_attn": "on"}
+        with _engine(
+            smollm2_path, tmp_path / str(threads), spec=False, context=context, speculation=strict
+        ) as e:
+            assert e.speculation == "off"
+            if _on_gpu(e):
+                pytest.skip("the CPU's guarantee; every layer is on the GPU here")
+            assert e.speculation_if_enabled.startswith(expected)
+            assert threads == 1 or "decode on 2 threads" in e.speculation_if_enabled
+        with _engine(
+            smollm2_path, tmp_path / f"{threads}on", spec=True, context=context, speculation=strict
+        ) as e:
+            assert e.speculation == e.speculation_if_enabled
+
+
 def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, forced) -> None:
     """With every layer on the GPU a verify batch runs on the decode threads and pool (forced
     here on the CPU build): the reply is unchanged, a verify batch runs on one thread,
@@ -497,9 +520,15 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
     """`velo-chat bench --spec`'s section end to end on the tiny model (a few tokens): every row,
     identical text, the cost tables, and the lines it prints."""
     from velo_chat.engine.bench.spec import format_spec_lines, spec_section
+    from velo_chat.engine.bench.spec_source import copy_edit_source
 
+    probe = Path(__file__).resolve().parents[1] / "packaging" / "amx_probe.c"  # `--spec-file`
+    source = copy_edit_source(probe.name, probe.read_text())
     with _engine(qwen_path, tmp_path, spec=True, context={"n_ctx": 4096}) as engine:
-        s = spec_section(engine, decode_tokens=24, repeats=1, note=lambda _line: None)
+        s = spec_section(engine, decode_tokens=24, repeats=1, note=lambda _line: None, source=source)
+        assert s["copy_edit_source"]["file"] == "amx_probe.c"
+        assert s["copy_edit_source"]["rename"] == [source.old, source.new]
+        assert s["copy_edit_source"]["prompt_tokens"] == len(engine.tokens_for([source.message()]))
         for row in ("copy-edit", "novel", "replay"):
             assert s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
             assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding
@@ -511,6 +540,7 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         assert s["limit_full"] >= 1.0
         text = "\n".join(format_spec_lines(s))
         assert "replay" in text and "a new graph each time" in text
+        assert f"copy-edit: amx_probe.c ({source.lines} lines" in text
         assert engine.profile.speculation.enabled  # put back as loaded
 
 

@@ -13,8 +13,10 @@ from velo_chat.engine import cpu_group
 from velo_chat.engine.bench.remote import run_remote_bench
 from velo_chat.engine.bench.result import BenchResult
 from velo_chat.engine.bench.run import format_table, run_bench
+from velo_chat.engine.bench.spec_source import CopyEditSource, SpecSourceError, copy_edit_source
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.engine import Engine
+from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
 from .common import load_engine, resolve_profile
@@ -51,8 +53,40 @@ def _check_load_cgroup(args: argparse.Namespace) -> None:
         raise UserError(f"--load-cgroup: {exc}") from None
 
 
+SPEC_FILE_MAX_BYTES = 1 << 20  # a copy-edit is a source file given back, not a corpus
+
+
+def _spec_source(args: argparse.Namespace) -> CopyEditSource | None:
+    """`--spec-file`/`--spec-rename` checked and read before the model loads: one line for
+    anything wrong (a missing, binary or huge file, a rename that cannot be made)."""
+    if args.spec_rename is not None and args.spec_file is None:
+        raise UserError("--spec-rename goes with --spec-file")
+    if args.spec_file is None:
+        return None
+    if not args.spec:
+        raise UserError("--spec-file goes with --spec")
+    path = os.path.expanduser(args.spec_file)
+    try:
+        size = os.path.getsize(path)
+        if size > SPEC_FILE_MAX_BYTES:
+            raise UserError(
+                f"--spec-file {args.spec_file} is {size:,} bytes; a copy-edit workload is one "
+                f"source file (at most {SPEC_FILE_MAX_BYTES:,} bytes, about 150 lines is typical)"
+            )
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise UserError(f"--spec-file {args.spec_file}: {exc.strerror or exc}") from None
+    text = decode_text(data, f"--spec-file {args.spec_file}").text
+    try:
+        return copy_edit_source(os.path.basename(path), text, args.spec_rename)
+    except SpecSourceError as exc:
+        raise UserError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     sizes = _sizes(args.prefill_sizes)
+    spec_source = _spec_source(args)
     thread_counts = _sizes(args.thread_counts, "--threads", empty_ok=True)
     profile = resolve_profile(args.bench_profile or args.profile)
     ple_modes = _ple_modes(args.ple) if args.ple else ()
@@ -75,7 +109,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         if isinstance(engine, Engine):
             result = _local(
-                engine, args, profile.name, sizes, thread_counts, on_progress=note, spec=args.spec
+                engine,
+                args,
+                profile.name,
+                sizes,
+                thread_counts,
+                on_progress=note,
+                spec=args.spec,
+                spec_source=spec_source,
             )
         else:  # a remote server: the sections it can answer
             result = run_remote_bench(

@@ -24,6 +24,7 @@ from .load import busy_processes, format_load_lines, load_section, measure_load,
 from . import session as bench_session
 from .resume import run_resume_bench
 from .spec import format_spec_lines, spec_section
+from .spec_source import CopyEditSource
 from ..chat_template import ChatMessage
 from ..engine import Engine
 
@@ -81,6 +82,7 @@ def run_bench(
     thread_counts: tuple[int, ...] = (),
     on_progress: Callable[[str], None] | None = None,
     spec: bool = False,
+    spec_source: CopyEditSource | None = None,
 ) -> BenchResult:
     """Run every section. `thread_counts`: decode again with each fixed count (the threads
     section); `load`: decode again beside that many busy processes (the load section, with the
@@ -121,7 +123,7 @@ def run_bench(
     }
     if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py)
         result.sections["speculation"] = spec_section(
-            engine, decode_tokens=decode_tokens, repeats=repeats, note=note
+            engine, decode_tokens=decode_tokens, repeats=repeats, note=note, source=spec_source
         )
         return result
     room = info.n_ctx - decode_tokens - 16

@@ -15,32 +15,24 @@ the measured acceptance.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import statistics
 from collections.abc import Callable
 from typing import Any
 
 from ..chat_template import ChatMessage
 from ..engine import Engine
+from ..engine import PromptTooLong
 from ..events import TurnStats
+from .spec_source import CopyEditSource, colorsys_source
 
 BATCH_SIZES = (1, 2, 3, 5, 8, 9, 17)  # 8 and 9: either side of CUDA's matrix-vector limit
 
 
-def workloads() -> dict[str, list[ChatMessage]]:
-    import colorsys
-
-    source = inspect.getsource(colorsys)
+def workloads(source: CopyEditSource | None = None) -> dict[str, list[ChatMessage]]:
+    """The copy-edit and novel prompts. `source`: the copy-edit file and rename (default: the
+    standard library's colorsys.py, `_v` renamed to `_value`; `bench --spec --spec-file`)."""
     return {
-        "copy-edit": [
-            ChatMessage(
-                "user",
-                "Here is colorsys.py:\n\n```python\n"
-                + source
-                + "```\n\nRename the function `_v` to `_value` everywhere (its definition and every "
-                "call) and give back the whole file, nothing else.",
-            )
-        ],
+        "copy-edit": [(source or colorsys_source()).message()],
         "novel": [
             ChatMessage(
                 "user",
@@ -72,18 +64,40 @@ def speedup_limit(costs: dict[int, float], acceptance: float) -> float:
 
 
 def spec_section(
-    engine: Engine, *, decode_tokens: int, repeats: int, note: Callable[[str], None]
+    engine: Engine,
+    *,
+    decode_tokens: int,
+    repeats: int,
+    note: Callable[[str], None],
+    source: CopyEditSource | None = None,
 ) -> dict[str, Any]:
+    """The section's numbers (docs/speculation.md, "Measurements"). `source`: the copy-edit
+    workload's file and rename (default colorsys.py). Raises `PromptTooLong` before anything
+    runs when the copy-edit prompt and `decode_tokens` do not fit in the context."""
     loaded = engine.profile
     spec = loaded.speculation
+    source = source or colorsys_source()
+    prompts = workloads(source)
+    info = engine.info
+    assert info is not None, "load the engine first"
+    prompt_tokens = len(engine.tokens_for(prompts["copy-edit"]))
+    if prompt_tokens + decode_tokens > info.n_ctx:
+        raise PromptTooLong(
+            f"the copy-edit prompt ({source.name}) is {prompt_tokens:,} tokens and the reply may take "
+            f"{decode_tokens:,} more: the context holds {info.n_ctx:,} (a shorter file, fewer "
+            "--decode-tokens or a profile with a larger n_ctx)"
+        )
     out: dict[str, Any] = {
         "max_draft": spec.max_draft,
         "min_match": spec.min_match,
-        "speculation": engine.speculation,  # the guarantee: bit-identical or up to batch rounding
+        # the "on" column's guarantee (bit-identical, up to batch rounding, or off and why),
+        # whether or not the loaded profile enables speculation
+        "speculation": engine.speculation_if_enabled,
+        "copy_edit_source": {**source.describe(), "prompt_tokens": prompt_tokens},
     }
     try:
         with engine.checkpoints_at(None):
-            for name, messages in workloads().items():
+            for name, messages in prompts.items():
                 runs: dict[bool, list[TurnStats]] = {False: [], True: []}
                 texts: dict[bool, str] = {}
                 for i in range(repeats):  # off and on in turns: both see the same machine load
@@ -178,6 +192,13 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
     lines = ["", f"speculation  max_draft {s['max_draft']}, min_match {s['min_match']}"]
     if s.get("speculation"):
         lines.append(f"  {s['speculation']}")
+    src = s.get("copy_edit_source")
+    if src:
+        old, new = src["rename"]
+        lines.append(
+            f"  copy-edit: {src['file']} ({src['lines']} lines, {src['prompt_tokens']:,} prompt "
+            f"tokens), `{old}` renamed to `{new}`"
+        )
     lines.append(
         f"{'workload':>12} {'off tok/s':>10} {'on tok/s':>9} {'x':>6} {'accept':>7} {'tok/call':>9} identical"
     )

@@ -1,0 +1,143 @@
+"""`bench --spec --spec-file`: the copy-edit workload from a file of the user's, on real files
+(the standard library, this repo's own C probe and shell script, not written for these tests)."""
+
+from __future__ import annotations
+
+import colorsys
+import inspect
+import json.decoder
+from pathlib import Path
+
+import pytest
+
+from velo_chat.engine.bench.spec import workloads
+from velo_chat.engine.bench.spec_source import (
+    SpecSourceError,
+    colorsys_source,
+    copy_edit_source,
+    new_name,
+    pick_rename,
+    uses,
+)
+
+from tests.support.engine_helpers import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_built_in_prompt_is_unchanged() -> None:
+    """Earlier measurements (docs/speculation.md) ran this exact prompt."""
+    source = inspect.getsource(colorsys)
+    assert workloads()["copy-edit"][0].content == (
+        "Here is colorsys.py:\n\n```python\n" + source + "```\n\nRename the function `_v` to "
+        "`_value` everywhere (its definition and every call) and give back the whole file, "
+        "nothing else."
+    )
+    assert workloads(colorsys_source()) == workloads()
+
+
+def test_picks_the_name_a_person_would() -> None:
+    # colorsys: `_v` is defined once and called three times; every public function appears
+    # twice (its def and __all__), so the built-in workload's choice is the picker's too
+    assert pick_rename(inspect.getsource(colorsys), ".py") == ("_v", "function")
+    decoder = inspect.getsource(json.decoder)
+    name, kind = pick_rename(decoder, ".py") or ("", "")
+    assert (name, kind) == ("JSONDecodeError", "class")
+    assert uses(decoder, name) >= 5
+    # a C file: the names it #defines; a shell script's functions are `name() {`, not a keyword
+    c_name = pick_rename((REPO / "packaging" / "amx_probe.c").read_text(), ".c")
+    assert c_name is not None and c_name[0] in ("ARCH_REQ_XCOMP_PERM", "XFEATURE_XTILEDATA")
+
+
+def test_never_a_dunder_and_never_a_name_used_once() -> None:
+    text = "class A:\n    def __init__(self):\n        pass\n\n    def run(self):\n        pass\n"
+    # `A` is one letter, `__init__` a dunder, `run` defined and never used again
+    assert pick_rename(text, ".py") is None
+    text += "\nA().run()\n"
+    assert pick_rename(text, ".py") == ("run", "function")
+
+
+def test_a_python_file_that_does_not_parse_falls_back_to_keywords() -> None:
+    text = "def load(path:\n    return open(path)\n\nload('x')\n"  # a syntax error
+    assert pick_rename(text, ".py") == ("load", "name")
+
+
+def test_the_new_name_is_new() -> None:
+    assert new_name("parse") == "new_parse" and new_name("Config") == "NewConfig"
+    assert new_name("_v") == "_new_v" and new_name("__x") == "__new_x"
+    text = "def parse():\n    pass\n\nnew_parse = parse\nparse()\n"
+    source = copy_edit_source("p.py", text)
+    assert source.old == "parse" and source.new == "new_new_parse" and uses(text, source.new) == 0
+
+
+def test_the_prompt_names_the_file_and_the_rename() -> None:
+    text = (REPO / "packaging" / "amx_probe.c").read_text()
+    source = copy_edit_source("amx_probe.c", text, "XFEATURE_XTILEDATA=TILEDATA_FEATURE")
+    message = source.message().content
+    assert message.startswith("Here is amx_probe.c:\n\n```c\n/* Does this machine run AMX")
+    assert "Rename the name `XFEATURE_XTILEDATA` to `TILEDATA_FEATURE` everywhere" in message
+    assert source.describe() == {
+        "file": "amx_probe.c",
+        "lines": text.count("\n"),
+        "rename": ["XFEATURE_XTILEDATA", "TILEDATA_FEATURE"],
+    }
+
+
+@pytest.mark.parametrize(
+    "name, text, rename, fragment",
+    [
+        ("empty.py", " \n\n", None, "is empty"),
+        ("README.md", "Just prose, nothing defined here.\n", None, "--spec-rename OLD=NEW"),
+        ("a.py", "def f(): pass\nf()\n", "f", "takes OLD=NEW"),
+        ("a.py", "def f(): pass\nf()\n", "f=f", "takes OLD=NEW"),
+        ("a.py", "def f(): pass\nf()\n", "f=1x", "takes OLD=NEW"),
+        ("a.py", "def f(): pass\nf()\n", "g=h", "'g' does not occur"),
+        ("a.py", "def f(): pass\ng = f()\n", "f=g", "'g' already occurs"),
+    ],
+)
+def test_what_cannot_make_a_workload_says_why(name, text, rename, fragment) -> None:
+    with pytest.raises(SpecSourceError, match=fragment):
+        copy_edit_source(name, text, rename)
+
+
+def _user_error(proc, fragment: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and fragment in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_cli_refuses_bad_spec_files_in_one_line(velo_home, tmp_path: Path) -> None:
+    binary = tmp_path / "blob.py"
+    binary.write_bytes(b"def f():\x00\n")
+    huge = tmp_path / "huge.py"
+    huge.write_text("x = 1\n" * 200_000)
+    prose = tmp_path / "notes.txt"
+    prose.write_text("Nothing is defined in here.\n")
+    for args, fragment in (
+        (("--spec-file", str(REPO / "packaging" / "amx_probe.c")), "goes with --spec"),
+        (("--spec", "--spec-rename", "a=b"), "goes with --spec-file"),
+        (("--spec", "--spec-file", str(tmp_path / "missing.py")), "No such file"),
+        (("--spec", "--spec-file", str(tmp_path)), "Is a directory"),
+        (("--spec", "--spec-file", str(binary)), "binary"),
+        (("--spec", "--spec-file", str(huge)), "1,200,000 bytes"),
+        (("--spec", "--spec-file", str(prose)), "--spec-rename OLD=NEW"),
+    ):
+        _user_error(run_cli("bench", *args), fragment)
+
+
+def test_a_file_too_long_for_the_context_is_refused_after_load(velo_home) -> None:
+    profiles = velo_home / "config" / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    (profiles / "small.toml").write_text("[context]\nn_ctx = 512\nn_batch = 64\nn_ubatch = 64\n")
+    proc = run_cli(
+        "bench",
+        "--spec",
+        "--profile",
+        "small",
+        "--decode-tokens",
+        "16",
+        "--spec-file",
+        inspect.getsourcefile(json.decoder) or "",
+    )
+    _user_error(proc, "the context holds 512")
+    assert "decoder.py" in proc.stderr
