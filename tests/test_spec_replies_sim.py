@@ -1,0 +1,69 @@
+"""`benchmarks/spec_replies_sim.py`: the shipped stepper over a recorded reply, on a virtual
+clock charged from a cost table. Its bookkeeping is checked on token streams whose answer is
+known (the recording itself is `Engine.turn`, tested elsewhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from velo_chat.engine.config.profile_schema import SpeculationSettings
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "spec_replies_sim.py"
+_spec = importlib.util.spec_from_file_location("spec_replies_sim", _PATH)
+assert _spec is not None and _spec.loader is not None
+sim = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sim)
+
+SETTINGS = SpeculationSettings(enabled=True)
+PROMPT = list(range(100, 160))
+
+
+def test_nothing_to_draft_costs_exactly_plain_steps() -> None:
+    reply = list(range(5000, 5400))  # no token repeats: no n-gram ever matches
+    r = sim.simulate(PROMPT, reply, sim.H200_SMOLLM2, SETTINGS, warm=True)
+    assert r["drafted"] == 0 and r["batches"] == {} and r["speedup"] == 1.0
+    assert r["tokens"] == len(reply) - 1
+
+
+def test_a_reply_in_the_draft_source_is_drafted_and_accepted() -> None:
+    reply = list(range(5000, 5400))
+    r = sim.simulate(PROMPT, reply, sim.H200_SMOLLM2, SETTINGS, warm=True, source=reply)
+    assert r["acceptance"] == 1.0 and r["accepted"] == r["drafted"] > 300
+    # every verify batch of 17 costs 3.139 steps back to back: the speedup is bounded by that
+    assert 2.0 < r["speedup"] < 17 / 3.139
+    assert r["batches"].get("17", 0) > 10
+
+
+def test_batches_dearer_than_their_tokens_lose_little() -> None:
+    """Where a verify batch of n tokens costs n + 1 steps nothing can be gained, even with
+    every draft right: the cost model and the guard stop drafting after a few batches."""
+    line = {1: 1.0, 2: 3.0, 17: 18.0}
+    reply = list(range(5000, 5400))
+    r = sim.simulate(PROMPT, reply, (line, line), SETTINGS, warm=True, source=reply)
+    assert r["drafted"] > 0 and r["guarded"] >= 1
+    assert 0.95 <= r["speedup"] < 1.0
+
+
+def test_short_matches_that_mislead_cost_novel_text_nothing_much() -> None:
+    """Novel code repeats short runs (`self.`, `return (`) whose continuation differs each
+    time: a trigram that recurs every 8 tokens with a new continuation stays within the 0.97x
+    that novel text may lose, on the H200's costs."""
+    reply: list[int] = []
+    fresh = iter(range(6000, 7000))
+    for _ in range(50):
+        reply += [1, 2, 3, *(next(fresh) for _ in range(5))]
+    r = sim.simulate(PROMPT, reply, sim.H200_SMOLLM2, SETTINGS, warm=True)
+    assert r["declined"] > 0  # there were drafts to take
+    assert r["speedup"] >= 0.97
+
+
+def test_the_live_stand_in_answers_from_the_reply() -> None:
+    live = sim.RecordedLive(3, [7, 8, 9, 10, 11], sim.H200_SMOLLM2, max_draft=4, warm=False)
+    live.append(7)
+    assert live.sample(None) == 8 and len(live) == 4 and live.now == 1.0
+    live.verify([8, 9, 99])  # the pending 8 and a draft: 9 right, 99 wrong
+    assert [live.pick(None, 0), live.pick(None, 1)] == [9, 10]
+    assert live.verified_sizes == {3} and live.now == 1.0 + sim._steps(sim.H200_SMOLLM2[1], 3)
+    live.rollback(1)
+    assert len(live) == 6
