@@ -136,3 +136,28 @@ def test_busy_cores_get_advice_and_the_load_is_read(tmp_path: Path):
     loadavg.write_text("7.25 6.00 5.00 9/500 1234\n")
     assert load_average(loadavg).load1 == 7.25
     assert load_average(tmp_path / "missing").load1 == 0.0
+
+
+def test_doctor_says_when_the_cpu_has_more_than_the_build_uses():
+    """The bootstrap builds x86_64 for x86-64-v3: on a CPU with AVX-512 or AMX, doctor says
+    how to build for it, unless every layer is on the GPU; a build that has them says nothing."""
+    from llama_cpp import llama_cpp as ll
+
+    from velo_chat.app.commands.doctor import cpu_build_advice
+    from velo_chat.engine.fit.machine import cpu_flags
+
+    flags = cpu_flags()
+    assert flags, "/proc/cpuinfo names this CPU's instruction sets"
+    info = ll.llama_print_system_info().decode()  # this build's, e.g. "CPU : SSE3 = 1 | ..."
+    built = "AVX512 = 1" in info
+    wide = flags | {"avx512f"}
+    advice = cpu_build_advice(wide, info, n_gpu_layers=0)
+    assert (advice is None) == built
+    if not built:
+        assert advice is not None and "AVX-512" in advice and "NATIVE_CPU=1 make bootstrap" in advice
+        assert "AMX" in (cpu_build_advice(wide | {"amx_int8"}, info, 0) or "")
+    assert cpu_build_advice(wide, info, n_gpu_layers=-1) is None
+    narrow = flags - {"avx512f", "amx_int8"}
+    assert cpu_build_advice(narrow, info, 0) is None
+    native = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | "
+    assert cpu_build_advice(wide | {"amx_int8"}, native, 0) is None

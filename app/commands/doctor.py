@@ -44,6 +44,29 @@ def _build() -> dict[str, Any]:
     }
 
 
+NATIVE_ADVICE = (
+    "this CPU has {extra}, which the x86-64-v3 build leaves unused: `NATIVE_CPU=1 make "
+    "bootstrap` builds for it (prefill and layers on the CPU gain; packaging/README.md)"
+)
+
+
+def cpu_build_advice(flags: frozenset[str], system_info: str, n_gpu_layers: int) -> str | None:
+    """Advice where the CPU runs instructions the llama.cpp build was not made for (the
+    bootstrap targets x86-64-v3 on x86_64: no AVX-512, no AMX) and the profile keeps layers
+    on the CPU; None otherwise (every layer on the GPU: the CPU's part is an embedding row)."""
+    if n_gpu_layers == -1:
+        return None
+    # "CPU : SSE3 = 1 | AVX2 = 1 | ..." (a CUDA build puts "CUDA : ARCHS = 900 | ..." first)
+    parts = (part.split(":")[-1].strip() for part in system_info.split("|"))
+    built = {part.split("=")[0].strip() for part in parts if part.endswith("= 1")}
+    extra = []
+    if "avx512f" in flags and "AVX512" not in built:
+        extra.append("AVX-512")
+    if "amx_int8" in flags and "AMX_INT8" not in built:
+        extra.append("AMX")
+    return NATIVE_ADVICE.format(extra=" and ".join(extra)) if extra else None
+
+
 def _host_access() -> dict[str, Any] | None:
     """What the GPU can do with host memory (`cudaDevAttrPageableMemoryAccess`: ATS/HMM, the
     GPU reads mmap'd memory in place; host registration), or None without a usable CUDA GPU."""
@@ -126,6 +149,9 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
         advice.append(
             "this llama.cpp build is CPU-only: n_gpu_layers is ignored (packaging/ builds a CUDA one)"
         )
+    native = cpu_build_advice(machine.cpu_flags(), build["system_info"], profile.model.n_gpu_layers)
+    if native and profile.backend.kind != "remote":
+        advice.append(native)
     if gpu is not None and gpu.integrated and mem.swap_total:
         advice.append(
             "swap is on: on unified memory a model that overflows swaps instead of failing (swapoff -a)"

@@ -20,6 +20,7 @@ from ..threads import usable_cores
 log = logging.getLogger(__name__)
 
 MEMINFO = Path("/proc/meminfo")
+CPUINFO = Path("/proc/cpuinfo")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,20 @@ def meminfo(path: Path = MEMINFO) -> MemInfo:
         swap_free=fields.get("SwapFree", 0),
         cached=fields.get("Cached", 0),
     )
+
+
+def cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
+    """The instruction-set flags the first CPU reports (x86's `flags`, Arm's `Features`);
+    empty where /proc/cpuinfo is missing or says none."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(rest.split())
+    return frozenset()
 
 
 @dataclass(frozen=True)
