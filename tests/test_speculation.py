@@ -528,7 +528,8 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         s = spec_section(engine, decode_tokens=24, repeats=1, note=lambda _line: None, source=source)
         assert s["copy_edit_source"]["file"] == "amx_probe.c"
         assert s["copy_edit_source"]["rename"] == [source.old, source.new]
-        assert s["copy_edit_source"]["prompt_tokens"] == len(engine.tokens_for([source.message()]))
+        tokens = engine.tokens_for([source.message()], engine.template_variables())
+        assert s["copy_edit_source"]["prompt_tokens"] == len(tokens)
         for row in ("copy-edit", "novel", "replay"):
             assert s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
             assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding

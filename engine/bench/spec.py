@@ -20,8 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..chat_template import ChatMessage
-from ..engine import Engine
-from ..engine import PromptTooLong
+from ..engine import Engine, PromptTooLong
 from ..events import TurnStats
 from .spec_source import CopyEditSource, colorsys_source
 
@@ -80,7 +79,7 @@ def spec_section(
     prompts = workloads(source)
     info = engine.info
     assert info is not None, "load the engine first"
-    prompt_tokens = len(engine.tokens_for(prompts["copy-edit"]))
+    prompt_tokens = len(engine.tokens_for(prompts["copy-edit"], engine.template_variables()))
     if prompt_tokens + decode_tokens > info.n_ctx:
         raise PromptTooLong(
             f"the copy-edit prompt ({source.name}) is {prompt_tokens:,} tokens and the reply may take "
