@@ -122,6 +122,11 @@ class TurnStats:
     spec_declined: int = 0  # plain steps at which a draft was there but did not pay
     spec_guarded: int = 0  # times drafting stopped because the verify batches lost time
     spec_batches: dict[int, int] = field(default_factory=dict)  # verify batch size -> batches
+    # what a verify batch of each size cost in this turn, in one-token steps (its mean over the
+    # batches timed: a context's first batch of a size is not), and the plain step after one:
+    # set against `bench --spec`'s back-to-back table, the difference is the turn's own cost
+    spec_batch_steps: dict[int, float] = field(default_factory=dict)
+    spec_after_verify_steps: float = 0.0
     decode_calls: int = 0  # llama_decode calls after the first token (verify batches included)
     # what speculation guaranteed: "bit-identical" (to plain decoding), "batch rounding: why"
     # (the same model up to the backend's batch rounding: docs/speculation.md); "": not used
@@ -173,6 +178,8 @@ class TurnStats:
                 "declined": self.spec_declined,
                 "guarded": self.spec_guarded,
                 "batches": {str(n): c for n, c in sorted(self.spec_batches.items())},
+                "batch_steps": {str(n): round(v, 3) for n, v in sorted(self.spec_batch_steps.items())},
+                "after_verify_steps": round(self.spec_after_verify_steps, 3),
                 "decode_calls": self.decode_calls,
                 "tokens_per_call": round(self.tokens_per_call, 3),
                 "exactness": self.spec_exactness,

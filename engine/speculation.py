@@ -136,6 +136,18 @@ class SpecCounters:
     declined: int = 0  # plain steps at which a draft was there but not verified
     guarded: int = 0  # times drafting stopped because the turn's verify batches lost time
     batches: dict[int, int] = field(default_factory=dict)  # verify batch size -> batches
+    # what the timed verify batches cost in the turn, in one-token steps (the turn's plain
+    # step): size -> (sum, batches); a context's first batch of a size is not timed
+    batch_steps: dict[int, tuple[float, int]] = field(default_factory=dict)
+    after_verify_steps: tuple[float, int] = (0.0, 0)  # the plain steps right after a verify
+
+    def mean_batch_steps(self) -> dict[int, float]:
+        """Each timed verify size's mean cost in one-token steps."""
+        return {n: total / count for n, (total, count) in sorted(self.batch_steps.items())}
+
+    def mean_after_verify_steps(self) -> float:
+        total, count = self.after_verify_steps
+        return total / count if count else 0.0
 
 
 class SpecStepper:
@@ -180,6 +192,8 @@ class SpecStepper:
         self.cost.record(1, seconds)
         if after_verify and step:  # the one-token graph built anew: the verify run's cost
             self._account(1.0 - seconds / step)
+            total, count = self.counters.after_verify_steps
+            self.counters.after_verify_steps = (total + seconds / step, count + 1)
         self.counters.decode_calls += 1
         self._returned = 1
         return [nxt]
@@ -237,6 +251,9 @@ class SpecStepper:
             self.cost.last = k + 1
         else:
             self.cost.record(k + 1, seconds)
+            if step:
+                total, count = self.counters.batch_steps.get(k + 1, (0.0, 0))
+                self.counters.batch_steps[k + 1] = (total + spent, count + 1)
         self._guarded = self._guarded and accepted < d  # a right draft lifts a stop ...
         self._right = 0
         if step:  # ... unless its batch, too, lost time

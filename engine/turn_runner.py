@@ -363,6 +363,8 @@ def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> 
         spec_declined=spec.declined,
         spec_guarded=spec.guarded,
         spec_batches=dict(spec.batches),
+        spec_batch_steps=spec.mean_batch_steps(),
+        spec_after_verify_steps=spec.mean_after_verify_steps(),
         spec_exactness=plan.spec_exactness if plan.speculation.enabled else "",
         decode_calls=spec.decode_calls if spec.decode_calls else max(decode_tokens - 1, 0),
         decode_threads=(threads2 - threads1) / (steps2 - steps1) if steps2 > steps1 else 0.0,

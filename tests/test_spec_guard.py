@@ -100,6 +100,10 @@ def test_guard_stops_drafts_that_lose_time(
             )
             assert st.spec_declined >= need
             assert st.tokens_per_call < 2
+            # the turn reports each timed size at the clock's 30 steps (the one-token step,
+            # priced at one unit before the cost model was set aside, is the yardstick)
+            assert st.spec_batch_steps and all(v == pytest.approx(30.0) for v in st.spec_batch_steps.values())
+            assert st.spec_after_verify_steps == pytest.approx(1.0)  # stopped: plain steps follow
     finally:
         plain.close()
         spec.close()
@@ -123,6 +127,17 @@ def test_first_batch_of_a_size_is_not_timed(smollm2_path: Path, tmp_path: Path, 
             return  # on a GPU: diverged at a near-tie (asserted)
         assert st.spec_guarded == 0
         assert st.spec_rounds >= 5 and st.tokens_per_call > 3
+        # what the turn reports its batches cost, on the virtual clock: a step each, the first
+        # of each size (200 steps) left out
+        assert st.spec_batch_steps and set(st.spec_batch_steps) <= set(st.spec_batches)
+        assert all(v == pytest.approx(1.0) for v in st.spec_batch_steps.values())
+        timed = sum(st.spec_batches.values()) - len(st.spec_batches)
+        assert timed > 0
+        # (0.0 where every verify of the turn followed another: no plain step after one)
+        assert st.spec_after_verify_steps in (0.0, pytest.approx(1.0))
+        assert b[1].stats.to_json()["speculation"]["batch_steps"] == {
+            str(n): 1.0 for n in st.spec_batch_steps
+        }
     finally:
         plain.close()
         spec.close()

@@ -535,6 +535,9 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
             assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding
         assert s["speculation"] == engine.speculation
         assert s["replay"]["decode_tokens"] == 24 and s["replay"]["drafted"] > 0
+        for row in ("copy-edit", "novel", "replay"):  # timed sizes only: a subset of the batches
+            assert set(s[row]["batch_steps"]) <= set(s[row]["batches"])
+            assert all(v > 0 for v in s[row]["batch_steps"].values())
         assert set(s["cost"]) == set(s["cost_alternating"]) == {"1", "2", "3", "5", "8", "9"}  # max_draft 8
         gpu = engine._require()[1].thread_plan.gpu_resident
         assert s["verify_threads"] == ("decode" if gpu else "prefill")

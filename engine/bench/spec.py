@@ -120,6 +120,8 @@ def spec_section(
                     declined=s.spec_declined,
                     guarded=s.spec_guarded,
                     batches={str(n): c for n, c in sorted(s.spec_batches.items())},
+                    batch_steps={str(n): round(v, 3) for n, v in s.spec_batch_steps.items()},
+                    after_verify_steps=round(s.spec_after_verify_steps, 3),
                     decode_tokens=s.decode_tokens,
                     speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
                     identical=texts[False] == texts[True],
@@ -180,6 +182,8 @@ def _replay(engine: Engine, decode_tokens: int, repeats: int, note: Callable[[st
         "declined": c.declined,
         "guarded": c.guarded,
         "batches": {str(n): k for n, k in sorted(c.batches.items())},
+        "batch_steps": {str(n): round(v, 3) for n, v in c.mean_batch_steps().items()},
+        "after_verify_steps": round(c.mean_after_verify_steps(), 3),
         "decode_tokens": results[-1].tokens,
         "speedup": round(statistics.median(on) / statistics.median(off), 3),
         "identical": all(r.identical for r in results),
@@ -216,6 +220,14 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
             lines.append(
                 f"  {name}: verify batches {sizes}; drafts declined {r['declined']}, "
                 f"drafting stopped {r['guarded']} times"
+            )
+    for name in ("copy-edit", "novel", "replay"):
+        r = s.get(name, {})
+        if r.get("batch_steps"):
+            steps = ", ".join(f"{n}: {v:.2f}" for n, v in r["batch_steps"].items())
+            lines.append(
+                f"  {name}: in the turn a verify of n tokens cost {steps} steps, the plain step "
+                f"after one {r['after_verify_steps']:.2f} (the table below: the same batches back to back)"
             )
     costs = ", ".join(f"{k}: {v:.2f}" for k, v in s["cost"].items())
     lines.append(
