@@ -20,9 +20,9 @@
 #   on-p02  the same with batch_cost_prior = 0.2 (the default 0.8 is a CPU's cost: until two
 #           batches of a size are timed, a GPU turn's first ~15 tokens stay plain)
 #   on-b1   the same with n_threads_batch = 1: a cross-check of the verify threads
-#   off     speculation disabled: the plain decode rate of a context made without it (on a
-#           hybrid model `on` keeps max_draft recurrent-state snapshots; `off`'s own "on" column
-#           drafts nothing there)
+#   (no "off" profile: `bench --spec` switches speculation on whatever a profile says, and
+#   measures plain decoding in its "off" column; what a hybrid model's snapshots cost a plain
+#   step is SPEC_SNAPSHOTS=1's side-by-side measurement, in one process)
 #   on-nowarm  `on` with speculation.warm_up = false: every verify size's kernels and CUDA
 #           graph made in the turns, not at load
 # `bench --spec` rows: copy-edit and novel (real turns, off and on alternately), replay (the
@@ -38,7 +38,7 @@
 # Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no
 # new bench run starts after this many seconds from the end of the build, default 200),
 # SPEC_PLE (the tiny model's ple_gather, default "auto"), SPEC_PROFILES (which of the profiles
-# above run, in order; default "on off on-p02 on-b1"; also on-md4 and on-md8, "on" with max_draft
+# above run, in order; default "on on-p02 on-b1"; also on-md4 and on-md8, "on" with max_draft
 # 4 and 8: on a hybrid model what the recurrent-state snapshots cost a plain step, by their
 # number), SPEC_MODELS (which models' logits and bench runs, default "tiny smol"), SPEC_GRAPH_KEYS (e.g. "1 0": the profiles again with GGML_CUDA_GRAPH_KEY_SHAPE set to
 # each, packaging/patches/cuda-graph-per-shape.patch against upstream's CUDA graph key). SPEC_LOCAL=1 runs the same logic on
@@ -83,7 +83,7 @@ profile() {  # name, n_threads_batch, speculation enabled, ple_gather, batch_cos
 ple=${SPEC_PLE:-auto}
 for m in tiny smol; do
   p=auto; [ $m = tiny ] && p=$ple
-  profile $m-on '"auto"' true $p 0.8; profile $m-off '"auto"' false $p 0.8
+  profile $m-on '"auto"' true $p 0.8
   profile $m-on-p02 '"auto"' true $p 0.2; profile $m-on-b1 1 true $p 0.8
   profile $m-on-md4 '"auto"' true $p 0.8 4; profile $m-on-md8 '"auto"' true $p 0.8 8
   profile $m-on-nowarm '"auto"' true $p 0.8 "" false
@@ -165,7 +165,7 @@ have_smol=0; [ -n "$smol" ] && [ -f "$smol" ] && [[ " $models " == *" smol "* ]]
 for key in ${SPEC_GRAPH_KEYS:-default}; do
   tag=""
   if [ "$key" != default ]; then export GGML_CUDA_GRAPH_KEY_SHAPE=$key; tag="-key$key"; fi
-  for p in ${SPEC_PROFILES:-on off on-p02 on-b1}; do
+  for p in ${SPEC_PROFILES:-on on-p02 on-b1}; do
     [ $have_tiny = 1 ] && bench "tiny-$p$tag" "$tiny" "tiny-$p"
     [ $have_smol = 1 ] && bench "smol-$p$tag" "$smol" "smol-$p"
   done

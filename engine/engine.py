@@ -208,9 +208,14 @@ class Engine(EngineFacts):
                 flash_attn=profile.context.flash_attn != "off",
             )
             self._spec_allowed, spec_mode = speculation_mode(spec, rounding)
-            self._spec_if_enabled = speculation_mode(dataclasses.replace(spec, enabled=True), rounding)[1]
+            could, self._spec_if_enabled = speculation_mode(dataclasses.replace(spec, enabled=True), rounding)
             self._spec_exactness = f"batch rounding: {rounding}" if rounding else "bit-identical"
             drafts = spec.enabled and self._spec_allowed
+            if could and not drafts and model.hybrid:  # no snapshots: enabling needs a reload
+                self._spec_if_enabled = (
+                    "off: this hybrid model's context was made without recurrent-state snapshots "
+                    "(speculation.enabled takes effect at the next load)"
+                )
             with llama_log.lines() as made:
                 ctx = LlamaContext(
                     model,

@@ -141,3 +141,21 @@ def test_a_file_too_long_for_the_context_is_refused_after_load(velo_home) -> Non
     )
     _user_error(proc, "the context holds 512")
     assert "decoder.py" in proc.stderr
+
+
+def test_bench_spec_measures_speculation_enabled_whatever_the_profile_says(velo_home) -> None:
+    """The shipped default profile leaves speculation off and decodes on every core: `bench
+    --spec` loads it with speculation on and the batch rounding accepted, so its "on" column
+    speculates, says under which guarantee, and says whether the text came out identical."""
+    import json
+
+    proc = run_cli("bench", "--spec", "--json", "--decode-tokens", "12", "--repeats", "1")
+    assert proc.returncode == 0, proc.stderr
+    s = json.loads(proc.stdout)["sections"]["speculation"]
+    assert s["speculation"].startswith("on:")
+    assert s["copy_edit_source"]["file"] == "colorsys.py"
+    for row in ("copy-edit", "novel", "replay"):
+        assert isinstance(s[row]["identical"], bool) and s[row]["tok_s_on"] > 0
+    # the "on" column ran the stepper: drafts were found (taken, or declined where a batch
+    # of 2 threads does not pay; with speculation off there is no stepper and both are 0)
+    assert s["replay"]["drafted"] + s["replay"]["declined"] > 0

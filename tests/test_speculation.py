@@ -452,6 +452,16 @@ def test_speculation_if_enabled_says_what_a_profile_that_enables_it_gets(
             assert e.speculation == e.speculation_if_enabled
 
 
+def test_speculation_if_enabled_on_a_hybrid_model_needs_a_reload(qwen_path: Path, tmp_path: Path) -> None:
+    """A hybrid model's context made without speculation keeps no recurrent-state snapshots:
+    enabling speculation there takes a reload, and `speculation_if_enabled` says so."""
+    with _engine(qwen_path, tmp_path / "a", spec=False) as e:
+        assert e.speculation == "off"
+        assert e.speculation_if_enabled.startswith("off: this hybrid model's context was made without")
+    with _engine(qwen_path, tmp_path / "b", spec=True) as e:
+        assert e.speculation.startswith("on:") and e.speculation == e.speculation_if_enabled
+
+
 def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, forced) -> None:
     """With every layer on the GPU a verify batch runs on the decode threads and pool (forced
     here on the CPU build): the reply is unchanged, a verify batch runs on one thread,

@@ -53,6 +53,17 @@ def _check_load_cgroup(args: argparse.Namespace) -> None:
         raise UserError(f"--load-cgroup: {exc}") from None
 
 
+def _speculating(profile: Profile) -> Profile:
+    """The profile as `bench --spec` loads it: speculation enabled, batch rounding accepted.
+    The section measures what enabling speculation gives on this setup, so the context is made
+    as a profile that enables it makes it (a hybrid model's recurrent-state snapshots, the
+    GPU's warm-up), and on a GPU or on several decode threads the "on" column speculates
+    instead of drafting nothing; its first line says which guarantee that was, and each row
+    whether the text came out identical (docs/speculation.md, "Measurements")."""
+    spec = dataclasses.replace(profile.speculation, enabled=True, allow_batch_rounding=True)
+    return dataclasses.replace(profile, speculation=spec)
+
+
 SPEC_FILE_MAX_BYTES = 1 << 20  # a copy-edit is a source file given back, not a corpus
 
 
@@ -96,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.load_cgroup:
         _check_load_cgroup(args)
+    if args.spec and profile.backend.kind != "remote":
+        profile = _speculating(profile)
     if ple_modes:
         return _run_ple(args, profile, ple_modes, sizes, thread_counts)
     quiet = args.json or not sys.stderr.isatty()
