@@ -203,6 +203,7 @@ def test_default_model_missing_says_how_to_fix(bare_home):
         (("bench", "--ple", "stock,cpu"), "--ple"),
         (("bench", "--ple", "stock,stock"), "--ple"),
         (("bench", "--ple", "stock,gpu", "--spec"), "--ple"),
+        (("bench", "--spec", "--profile", "remote-llama-server"), "remote profile"),
     ],
 )
 def test_other_user_errors(velo_home, args, fragment):

@@ -107,7 +107,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.load_cgroup:
         _check_load_cgroup(args)
-    if args.spec and profile.backend.kind != "remote":
+    if args.spec and profile.backend.kind == "remote":
+        raise UserError(
+            "--spec measures the in-process engine's n-gram speculation: a remote profile's "
+            "server drafts by its own settings (docs/remote.md)"
+        )
+    if args.spec:
         profile = _speculating(profile)
     if ple_modes:
         return _run_ple(args, profile, ple_modes, sizes, thread_counts)
