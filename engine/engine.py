@@ -46,7 +46,7 @@ from .thinking import ThinkingSupport, requested
 from .threads import ThreadPlan, plan_for
 from .sampling import Sampler
 from .spec_measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
-from .speculation import exactness, speculation_mode
+from .speculation import exactness, mode_if_enabled, speculation_mode
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
@@ -208,14 +208,9 @@ class Engine(EngineFacts):
                 flash_attn=profile.context.flash_attn != "off",
             )
             self._spec_allowed, spec_mode = speculation_mode(spec, rounding)
-            could, self._spec_if_enabled = speculation_mode(dataclasses.replace(spec, enabled=True), rounding)
             self._spec_exactness = f"batch rounding: {rounding}" if rounding else "bit-identical"
             drafts = spec.enabled and self._spec_allowed
-            if could and not drafts and model.hybrid:  # no snapshots: enabling needs a reload
-                self._spec_if_enabled = (
-                    "off: this hybrid model's context was made without recurrent-state snapshots "
-                    "(speculation.enabled takes effect at the next load)"
-                )
+            self._spec_if_enabled = mode_if_enabled(spec, rounding, needs_reload=model.hybrid and not drafts)
             with llama_log.lines() as made:
                 ctx = LlamaContext(
                     model,

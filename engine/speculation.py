@@ -40,6 +40,8 @@ batch against one-token logits) is in `spec_measure.py`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,6 +108,20 @@ def speculation_mode(settings: SpeculationSettings, rounding: str) -> tuple[bool
         f"off: a verify batch would round differently from one-token steps ({rounding}); "
         "speculation.allow_batch_rounding accepts that"
     )
+
+
+def mode_if_enabled(settings: SpeculationSettings, rounding: str, *, needs_reload: bool) -> str:
+    """`speculation_mode`'s words with `enabled` switched on: what a profile that enables
+    speculation gets on this setup (`bench --spec` says it above its "on" column).
+    `needs_reload`: the context was made without what speculation needs (a hybrid model's
+    recurrent-state snapshots), so switching it on takes effect only at the next load."""
+    could, words = speculation_mode(dataclasses.replace(settings, enabled=True), rounding)
+    if could and needs_reload:
+        return (
+            "off: this hybrid model's context was made without recurrent-state snapshots "
+            "(speculation.enabled takes effect at the next load)"
+        )
+    return words
 
 
 GUARD_STEPS = 3.0
