@@ -40,11 +40,9 @@ batch against one-token logits) is in `spec_measure.py`.
 
 from __future__ import annotations
 
-import dataclasses
-
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .config.profile_schema import SpeculationSettings
 from .live_sequence import LiveSequence
@@ -115,7 +113,7 @@ def mode_if_enabled(settings: SpeculationSettings, rounding: str, *, needs_reloa
     speculation gets on this setup (`bench --spec` says it above its "on" column).
     `needs_reload`: the context was made without what speculation needs (a hybrid model's
     recurrent-state snapshots), so switching it on takes effect only at the next load."""
-    could, words = speculation_mode(dataclasses.replace(settings, enabled=True), rounding)
+    could, words = speculation_mode(replace(settings, enabled=True), rounding)
     if could and needs_reload:
         return (
             "off: this hybrid model's context was made without recurrent-state snapshots "
