@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePath
 
 from ..chat_template import ChatMessage
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORD = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z_][A-Za-z0-9_]*")  # each whole name in a text
 _DEFINITION = re.compile(
     r"(?:^|(?<=[\s;{(]))(?:#\s*define|def|class|function|fn|func|struct|enum|union|interface|trait|"
     r"type|typedef|let|const|var|val|sub|proc|macro|module)\s+(?:mut\s+)?([A-Za-z_][A-Za-z0-9_]*)",
@@ -125,13 +127,14 @@ def definitions(text: str, suffix: str) -> list[tuple[str, str]]:
 def pick_rename(text: str, suffix: str) -> tuple[str, str] | None:
     """The name to rename (and its kind): defined, used at least twice in all, not a dunder;
     the most used, the first defined among equals. None when the file has no such name."""
+    counts = Counter(_WORD.findall(text))  # one pass: a 1 MiB file may define thousands
     best: tuple[int, str, str] | None = None
     seen: set[str] = set()
     for name, kind in definitions(text, suffix):
         if name in seen or len(name) < 2 or (name.startswith("__") and name.endswith("__")):
             continue
         seen.add(name)
-        count = uses(text, name)
+        count = counts[name]
         if count >= 2 and (best is None or count > best[0]):
             best = (count, name, kind)
     return None if best is None else (best[1], best[2])
