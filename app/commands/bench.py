@@ -88,6 +88,8 @@ def _spec_source(args: argparse.Namespace) -> CopyEditSource | None:
             data = f.read()
     except OSError as exc:
         raise UserError(f"--spec-file {args.spec_file}: {exc.strerror or exc}") from None
+    if b"\0" in data:  # decode_text's own line speaks of storing, which bench does not do
+        raise UserError(f"--spec-file {args.spec_file} is binary (it contains NUL bytes), not source text")
     text = decode_text(data, f"--spec-file {args.spec_file}").text
     try:
         return copy_edit_source(os.path.basename(path), text, args.spec_rename)
