@@ -60,10 +60,11 @@ class PromptTooLong(ValueError):
 
 
 def resolve_model_path(profile: Profile, override: str | Path | None = None) -> Path:
-    """The GGUF a profile points at: an explicit override, the embedded default, or a path."""
+    """The GGUF a profile points at: an explicit override, the embedded default (as shipped or
+    its Q8_0 copy, made here on first use), or a path."""
     raw = str(override) if override is not None else profile.model.path
-    if raw == "default":
-        return default_model.require_default_model()
+    if raw in default_model.BUILTIN:
+        return default_model.require_builtin(raw)
     return Path(raw).expanduser()
 
 

@@ -37,6 +37,16 @@ def smollm2_path(pytestconfig: pytest.Config) -> Path:
     return data_cache.smollm2(user_dirs.user_model_dir(pytestconfig))
 
 
+@pytest.fixture(scope="session")
+def smollm2_q8_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2 requantized to Q8_0 by llama.cpp's quantizer, as `default-q8_0` makes it (once a
+    run, about a second)."""
+    from velo_chat.engine.setup.requantize import derived_name, requantize
+
+    folder = tmp_path_factory.mktemp("q8_0")
+    return requantize(smollm2_path, folder / derived_name(smollm2_path, "q8_0"), "q8_0")
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test runs with its own VELO_CHAT_HOME, so nothing lands in the user's dirs."""

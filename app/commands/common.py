@@ -12,6 +12,7 @@ from velo_chat.engine.api import EngineAPI
 from velo_chat.engine.backends import make_engine
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.config.profiles import active_profile_name, load_profile
+from velo_chat.engine.setup import default_model
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import CleanText
 
@@ -88,4 +89,6 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAP
 
 def engine_label(profile: Profile, model: str | None) -> str:
     raw = model or profile.model.path
-    return "the default model" if raw == "default" else raw.rstrip("/").rsplit("/", 1)[-1]
+    if raw in default_model.BUILTIN:
+        return "the default model" if raw == "default" else "the default model (Q8_0)"
+    return raw.rstrip("/").rsplit("/", 1)[-1]

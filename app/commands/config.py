@@ -34,8 +34,8 @@ def print_config(profile_name: str | None) -> int:
 
 def _model_path(profile: Profile) -> Path | None:
     """The profile's GGUF if it is on disk (nothing is fetched here)."""
-    if profile.model.path == "default":
-        path = default_model.default_model_path()
+    if profile.model.path in default_model.BUILTIN:
+        path = default_model.builtin_path(profile.model.path)
     else:
         path = Path(profile.model.path).expanduser()
     return path if path.is_file() else None

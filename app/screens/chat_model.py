@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.events import ModelLoaded
+from velo_chat.engine.setup import default_model
 from velo_chat.engine.thinking import ThinkingSupport
 
 from ..dialogs.confirm import ConfirmDialog
@@ -69,7 +70,7 @@ class ModelLoading(_Screen):
         self._load_id += 1
         self._activate_on_ready = activate
         self._loading_name = self._model_name(profile)
-        local = profile.backend.kind != "remote" and profile.model.path != "default"
+        local = profile.backend.kind != "remote" and profile.model.path not in default_model.BUILTIN
         self._load_rate = LoadRate(model_bytes(Path(profile.model.path)) if local else None)
         self.query_one(LivePanel).model_loading(0.0, self._loading_name)
         self._load(profile, self._load_id, self._load_cancel, force)
@@ -83,7 +84,9 @@ class ModelLoading(_Screen):
             host = profile.backend.base_url.split("//", 1)[-1].split("/", 1)[0]
             return f"{profile.backend.model or 'model'} @ {host}"
         path = profile.model.path
-        return "SmolLM2 (default)" if path == "default" else path.rsplit("/", 1)[-1]
+        if path in default_model.BUILTIN:
+            return "SmolLM2 (default)" if path == "default" else "SmolLM2 Q8_0 (default)"
+        return path.rsplit("/", 1)[-1]
 
     def on_model_load_progress(self, msg: ModelLoadProgress) -> None:
         if msg.load_id == self._load_id:

@@ -95,7 +95,8 @@ class ModelSettings:
     path: str = setting(
         "default",
         'Path to a GGUF file (the first shard of a split model), or "default" for the embedded '
-        "SmolLM2-135M-Instruct. `~` is expanded.",
+        'SmolLM2-135M-Instruct, or "default-q8_0" for it requantized to Q8_0 on first use (a '
+        "CPU computes its batches faster: prefill, speculation). `~` is expanded.",
         reload="model",
     )
     n_gpu_layers: int = setting(

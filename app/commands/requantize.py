@@ -1,0 +1,33 @@
+"""`velo-chat requantize`: a copy of a GGUF with its weights requantized (Q8_0), for the CPU.
+
+What it is for, and what it costs, is in `engine/setup/requantize.py` and docs/speculation.md:
+on a CPU a Q8_0 model's batches (prefill, speculation's verify batches) run on ggml's
+multi-token kernels, which Q4_1 and some other types do not have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from velo_chat.engine.setup import default_model
+from velo_chat.engine.setup.requantize import RequantizeError, derived_name, requantize
+
+from ..errors import UserError
+
+
+def run(args: argparse.Namespace) -> int:
+    source = (
+        default_model.require_default_model() if args.model == "default" else Path(args.model).expanduser()
+    )
+    target = Path(args.out).expanduser() if args.out else source.with_name(derived_name(source, args.to))
+    if target.exists() and not args.overwrite:
+        raise UserError(f"{target} exists; pass --overwrite to replace it, or --out to write elsewhere")
+    try:
+        requantize(source, target, args.to)
+    except RequantizeError as exc:
+        raise UserError(str(exc)) from None
+    mib = target.stat().st_size / 2**20
+    print(f'wrote {target} ({mib:,.0f} MiB); use it with [model] path = "{target}"', file=sys.stderr)
+    return 0
