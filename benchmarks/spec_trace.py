@@ -11,6 +11,13 @@ JSON object: per kind of step (plain with no draft, plain with a draft declined,
 plain step right after a verify) the count and time in one-token steps; the turn's decode rate
 each way; and with `--show-text` the reply with the tokens of plain steps in brackets (where a
 copy stops being drafted). A diagnosis tool: `bench --spec` says how much, this says where.
+
+On a CUDA build each kind also counts what ggml-cuda's debug log says it did with the step's
+CUDA graph (`cuda_graph`): `reused` (llama.cpp reused its graph, so the captured CUDA graph was
+launched at once), `changed` (a graph built anew whose nodes differ from the captured one's:
+run eagerly, without a CUDA graph, and captured again at the next step of that shape),
+`captured` (the step after a change: captured and updated), none of these (a graph built anew
+that matched the captured one: launched after checking every node).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import statistics
 import time
 from typing import Any
 
-from velo_chat.engine import turn_runner
+from velo_chat.engine import llama_log, turn_runner
 from velo_chat.engine.bench.spec import with_speculation, workloads
 from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
@@ -38,13 +45,22 @@ class _Traced(SpecStepper):
         draft, _ = self.index.draft(max(min(self.k_max, room - 1), 1))
         if not self.drafting:
             self._skip = 1 << 30
-        t0 = time.perf_counter()
-        out = super().step(token, room)
-        seconds = time.perf_counter() - t0
+        with llama_log.lines() as logged:
+            t0 = time.perf_counter()
+            out = super().step(token, room)
+            seconds = time.perf_counter() - t0
         size = self.cost.last
         kind = "verify" if size > 1 else ("after-verify" if prev > 1 else ("declined" if draft else "plain"))
-        self.rows.append({"kind": kind, "size": size, "tokens": len(out), "s": seconds, "ids": out})
+        graph = {name: sum(words in line for line in logged) for name, words in _GRAPH_LINES.items()}
+        self.rows.append(
+            {"kind": kind, "size": size, "tokens": len(out), "s": seconds, "ids": out, "graph": graph}
+        )
         return out
+
+
+_GRAPH_LINES = {"reused": "CUDA Graph id", "changed": "warmup reset", "captured": "warmup complete"}
+"""ggml-cuda's debug lines (ggml-cuda.cu, `ggml_backend_cuda_graph_compute`) for what it did
+with a step's CUDA graph."""
 
 
 def _turn(
@@ -98,7 +114,13 @@ def main() -> None:
         k["steps"] += 1
         k["tokens"] += r["tokens"]
         k["time_in_steps"] += r["s"] / step
-    out["on"] = {k: {**v, "time_in_steps": round(v["time_in_steps"], 1)} for k, v in kinds.items()}
+        for name, n in r["graph"].items():
+            k[f"cuda_graph_{name}"] = k.get(f"cuda_graph_{name}", 0) + n
+        if r["graph"]["changed"]:  # what the steps run without a CUDA graph cost
+            k["changed_time_in_steps"] = k.get("changed_time_in_steps", 0.0) + r["s"] / step
+    out["on"] = {
+        k: {n: round(x, 1) if isinstance(x, float) else x for n, x in v.items()} for k, v in kinds.items()
+    }
     out["on_total_in_steps"] = round(sum(r["s"] for r in rows) / step, 1)
     out["plain_stepper_total_in_steps"] = round(sum(r["s"] for r in rows_ps) / step, 1)
     out["sizes"] = [r["size"] for r in rows]
