@@ -46,7 +46,7 @@ from .thinking import ThinkingSupport, requested
 from .threads import ThreadPlan, plan_for
 from .sampling import Sampler
 from .spec_measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
-from .speculation import exactness, mode_if_enabled, speculation_mode
+from .speculation import batch_weight_types, exactness, mode_if_enabled, speculation_mode
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)
@@ -205,6 +205,7 @@ class Engine(EngineFacts):
                 gpu_layers=gpu_layers,
                 hybrid=model.hybrid,
                 max_draft=spec.max_draft,
+                weight_types=batch_weight_types(model.header),
                 decode_threads=plan_for(profile.context, gpu_resident=False).decode,
                 flash_attn=profile.context.flash_attn != "off",
             )

@@ -40,11 +40,13 @@ batch against one-token logits) is in `spec_measure.py`.
 
 from __future__ import annotations
 
+import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from .config.profile_schema import SpeculationSettings
+from .gguf_file import GGML_TYPE_NAMES, GGUFHeader
 from .live_sequence import LiveSequence
 from .sampling import Sampler
 from .spec_cost import Acceptance, CostModel, best_draft_length
@@ -56,20 +58,46 @@ whose weights stay in host memory (it copies them over), so on a CUDA build a ve
 that large is a GPU batch whatever `n_gpu_layers` says."""
 
 
+EXACT_CPU_WEIGHTS = frozenset({2, 3, 6, 7, 8})
+"""ggml weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) whose verify-batch logits were the one-token
+steps' to the bit on the CPU backend: SmolLM2 requantized to each type, `tests/test_speculation.py`'s
+measurement, on x86_64 with the x86-64-v3 build (packaging/README.md). Measured to differ there:
+F32, F16, BF16 (up to 0.03-0.58: tinyBLAS sums a batch in another order than the one-row dot
+product) and the K-quants and IQ4 types (up to 0.8-3.1, argmax changes with Q3_K-Q5_K: their
+batches take the repacked GEMM kernels). docs/speculation.md has the table."""
+
+X86_64 = ("x86_64", "AMD64")
+
+
+def batch_weight_types(header: GGUFHeader) -> frozenset[int]:
+    """The ggml types of the weights a batch multiplies: every tensor of two or more dimensions,
+    the token embeddings only where the model has no output matrix of its own (tied: they are
+    the output matrix; otherwise only rows are read from them, the same way for any batch)."""
+    tied = header.tensor("output.weight") is None
+    return frozenset(
+        t.ggml_type
+        for t in header.tensors
+        if len([d for d in t.shape if d > 1]) >= 2 and (tied or t.name != "token_embd.weight")
+    )
+
+
 def exactness(
     *,
     gpu_build: bool,
     gpu_layers: bool,
     hybrid: bool,
     max_draft: int,
+    weight_types: Iterable[int],
     decode_threads: int = 1,
     flash_attn: bool = True,
+    machine: str | None = None,
 ) -> str:
     """Why a verify batch's logits may differ from one-token steps' on this setup, in words;
-    "" where they are bit-identical: every layer on the CPU backend (whose quantized dot
-    products sum alike whatever the batch size: measured for SmolLM2 as Q4_1, one kernel for
-    every size, and as Q8_0, tinyBLAS for a batch), an attention model, flash attention, and
-    one-token steps on one thread. Measured on the CPU with SmolLM2 (a 256-token reply decoded
+    "" where they are bit-identical: every layer on the CPU backend of an x86_64 build, weights
+    of the types in `EXACT_CPU_WEIGHTS` only (`weight_types`: `batch_weight_types`), an attention
+    model, flash attention, and one-token steps on one thread. `machine`: the CPU architecture
+    (`platform.machine()`; another CPU's kernels are not measured, so not promised). Measured
+    on the CPU with SmolLM2 (a 256-token reply decoded
     again drafting from itself): identical with decode on one thread and flash attention; with
     decode on two threads it took another token at the 226th (past 256 tokens of context,
     where one token's attention is split between the threads and summed otherwise than a
@@ -82,6 +110,16 @@ def exactness(
     if hybrid:
         why.append("a hybrid model's recurrence takes its chunked path for a batch")
     if not gpu_layers:
+        arch = machine or platform.machine()
+        odd = sorted(set(weight_types) - EXACT_CPU_WEIGHTS)
+        if arch not in X86_64:
+            why.append(f"the CPU's batch kernels on {arch} are not measured against one-token steps")
+        elif odd:
+            names = ", ".join(GGML_TYPE_NAMES.get(t, f"type {t}") for t in odd)
+            why.append(
+                f"the CPU multiplies a batch of {names} weights with other kernels than one token, "
+                "which a Q8_0 copy (velo-chat requantize) avoids"
+            )
         if not flash_attn:
             why.append("attention without flash attention sums a batch otherwise than one token")
         if decode_threads > 1:

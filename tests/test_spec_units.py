@@ -209,15 +209,35 @@ def test_exactness_rule() -> None:
     where it is not bit-identical only when the profile accepts the batch rounding."""
     from velo_chat.engine.config.profile_schema import SpeculationSettings
 
-    assert speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=16) == ""
-    assert "GPU" in speculation.exactness(gpu_build=True, gpu_layers=True, hybrid=False, max_draft=16)
-    assert "32+" in speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=31)
-    assert speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=False, max_draft=64) == ""
-    assert "chunked" in speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=True, max_draft=8)
+    q4_1 = {"weight_types": {3, 8}, "machine": "x86_64"}  # SmolLM2: Q4_1 layers, Q8_0 output
+    assert speculation.exactness(gpu_build=True, gpu_layers=False, hybrid=False, max_draft=16, **q4_1) == ""
+    gpu = speculation.exactness(gpu_build=True, gpu_layers=True, hybrid=False, max_draft=16, **q4_1)
+    assert "GPU" in gpu
+    assert "32+" in speculation.exactness(
+        gpu_build=True, gpu_layers=False, hybrid=False, max_draft=31, **q4_1
+    )
+    assert speculation.exactness(gpu_build=False, gpu_layers=False, hybrid=False, max_draft=64, **q4_1) == ""
+    assert "chunked" in speculation.exactness(
+        gpu_build=False, gpu_layers=False, hybrid=True, max_draft=8, **q4_1
+    )
     cpu = {"gpu_build": False, "gpu_layers": False, "hybrid": False, "max_draft": 16}
-    assert speculation.exactness(**cpu, decode_threads=1, flash_attn=True) == ""
-    assert "decode on 2 threads" in speculation.exactness(**cpu, decode_threads=2, flash_attn=True)
-    assert "without flash attention" in speculation.exactness(**cpu, decode_threads=1, flash_attn=False)
+    assert speculation.exactness(**cpu, **q4_1, decode_threads=1, flash_attn=True) == ""
+    assert "decode on 2 threads" in speculation.exactness(**cpu, **q4_1, decode_threads=2, flash_attn=True)
+    assert "without flash attention" in speculation.exactness(
+        **cpu, **q4_1, decode_threads=1, flash_attn=False
+    )
+    # the weight types: exact only those measured so, and only on the CPUs measured
+    for exact in ({2}, {3}, {6}, {7}, {8}, {2, 3, 6, 7, 8}):
+        assert speculation.exactness(**cpu, weight_types=exact, machine="AMD64") == ""
+    k_quants = speculation.exactness(**cpu, weight_types={12, 14, 8}, machine="x86_64")
+    assert "a batch of Q4_K, Q6_K weights" in k_quants and "requantize" in k_quants
+    assert "F16, BF16" in speculation.exactness(**cpu, weight_types={30, 1}, machine="x86_64")
+    arm = speculation.exactness(**cpu, weight_types={8}, machine="aarch64")
+    assert "on aarch64 are not measured" in arm
+    assert (
+        speculation.exactness(gpu_build=True, gpu_layers=True, hybrid=False, max_draft=16, weight_types={12})
+        == gpu
+    )
     on = SpeculationSettings(enabled=True)
     assert speculation.speculation_mode(on, "") == (True, "on: bit-identical to plain decoding")
     allowed, why = speculation.speculation_mode(on, "layers on a GPU")

@@ -299,7 +299,9 @@ class SpeculationSettings:
         "an H200, logits differ by up to 2.9 for SmolLM2 Q4_1 and 0.023 for a small f32 "
         "model), on hybrid models (a batch takes the recurrence's chunked path: 6e-4 on "
         "the CPU), and on the CPU with decode on more than one thread or without flash "
-        "attention (one token's attention is summed otherwise than a batch's). The output is "
+        "attention (one token's attention is summed otherwise than a batch's), with weights "
+        "other than Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (K-quants: up to 3.1) or on a CPU other than "
+        "x86_64 (not measured). The output is "
         "then the model's up to that rounding: greedy text can take "
         "another token where the two best logits are that close, and then goes on differently.",
         reload="context",
