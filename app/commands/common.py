@@ -64,7 +64,7 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAP
     show = not quiet and sys.stderr.isatty()
     last = [-1]
     raw = model or profile.model.path
-    local = profile.backend.kind != "remote" and raw != "default"
+    local = profile.backend.kind != "remote" and raw not in default_model.BUILTIN
     rate = LoadRate(model_bytes(Path(raw)) if local else None)
 
     def on_event(event: object) -> None:
