@@ -309,6 +309,19 @@ async def test_switch_profile_in_settings(tmp_path):
         assert factory.engines[-1].profile.name == "spark-qwen38"
 
 
+async def test_settings_docs_show_their_brackets(tmp_path):
+    """A field's doc is text: "[model]" and "velo-chat[remote]" are shown, not read as styles,
+    also in the docs that end in the markup of their reload note."""
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        docs = [str(s.render()) for s in app.screen.query(".form-doc")]
+        kind = next(d for d in docs if d.startswith('"local": llama.cpp in this process'))
+        assert "([model] and [context] apply)" in kind and "'velo-chat[remote]'" in kind
+        assert kind.endswith("(needs a model reload)")
+
+
 async def test_sampling_edit_applies_without_reload(tmp_path):
     app, factory = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:

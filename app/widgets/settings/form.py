@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rich.markup import escape
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -83,7 +84,7 @@ class ProfileForm(VerticalScroll):
                 self._kinds[key] = kind
                 if f.metadata.get("auto"):
                     self._auto.add(key)
-                doc = f.metadata.get("doc", "")
+                doc = escape(f.metadata.get("doc", ""))  # "[model]" is text, not a style
                 if f.metadata.get("reload"):
                     doc += f" [dim](needs a {f.metadata['reload']} reload)[/]"
                 yield from self._row(key, kind, values[key], doc, f.metadata.get("choices"))
@@ -99,7 +100,7 @@ class ProfileForm(VerticalScroll):
             box = Input(str(value), id=fid)
             box.cursor_blink = self.cursor_blink
             yield box
-        yield Static(doc.replace("[", r"\[") if "[dim]" not in doc else doc, classes="form-doc")
+        yield Static(doc, classes="form-doc")
         yield Static("", id=f"{fid}-error", classes="form-error")
 
     # -- values -------------------------------------------------------------------------------
