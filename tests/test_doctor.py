@@ -161,3 +161,49 @@ def test_doctor_says_when_the_cpu_has_more_than_the_build_uses():
     assert cpu_build_advice(narrow, info, 0) is None
     native = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 1 | "
     assert cpu_build_advice(wide | {"amx_int8"}, native, 0) is None
+
+
+def test_doctor_says_when_speculation_cannot_be_exact_for_the_weights(smollm2_path: Path, tmp_path: Path):
+    """A profile that speculates exactly on the CPU with a model whose weight types round a
+    verify batch (a Q4_K_M GGUF, made here by llama.cpp's quantizer) gets advice naming them and
+    `velo-chat requantize`; the shipped Q4_1 model, whose batches are exact, gets none."""
+    from llama_cpp import llama_cpp as ll
+
+    k_quant = tmp_path / "smol-Q4_K_M.gguf"
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = ll.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.allow_requantize = True
+    assert ll.llama_model_quantize(str(smollm2_path).encode(), str(k_quant).encode(), params) == 0
+    for name, model in (("kq", k_quant), ("q41", smollm2_path)):
+        _profile(name, model, "[speculation]\nenabled = true\n")
+        result = run_cli("doctor", "--profile", name, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        advice = [
+            a for a in json.loads(result.stdout)["recommendations"] if a.startswith("speculation is on")
+        ]
+        if name == "kq":
+            assert (
+                len(advice) == 1 and "Q4_K, Q6_K weights" in advice[0] and "velo-chat requantize" in advice[0]
+            )
+        else:
+            assert advice == []
+
+
+def test_spec_weights_advice_applies_only_where_requantizing_helps():
+    from velo_chat.app.commands.doctor import spec_weights_advice
+    from velo_chat.engine.config.profiles import build_profile
+
+    def profile(**spec: object):
+        return build_profile("p", {"speculation": {"enabled": True, **spec}})
+
+    k = frozenset({12, 14})
+    on_cpu = {"hybrid": False, "gpu_offload": False, "arch": "x86_64"}
+    assert "Q4_K, Q6_K" in (spec_weights_advice(profile(), k, **on_cpu) or "")
+    assert spec_weights_advice(profile(), frozenset({3, 8}), **on_cpu) is None  # exact types
+    assert spec_weights_advice(profile(enabled=False), k, **on_cpu) is None
+    assert spec_weights_advice(profile(allow_batch_rounding=True), k, **on_cpu) is None
+    assert spec_weights_advice(profile(), k, **{**on_cpu, "hybrid": True}) is None
+    assert spec_weights_advice(profile(), k, **{**on_cpu, "arch": "aarch64"}) is None
+    gpu = build_profile("g", {"model": {"n_gpu_layers": -1}, "speculation": {"enabled": True}})
+    assert spec_weights_advice(gpu, k, **{**on_cpu, "gpu_offload": True}) is None
+    assert spec_weights_advice(gpu, k, **on_cpu) is not None  # a CPU build runs it on the CPU

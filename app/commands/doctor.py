@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import platform
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +19,9 @@ from velo_chat.engine.engine import resolve_model_path
 from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
 from velo_chat.engine.fit.model_facts import read_facts
-from velo_chat.engine.gguf_file import GGUFError
+from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine.gguf_file import GGML_TYPE_NAMES, GGUFError, read_header
+from velo_chat.engine.speculation import EXACT_CPU_WEIGHTS, X86_64, batch_weight_types
 from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.kernels import cudart
 
@@ -65,6 +68,30 @@ def cpu_build_advice(flags: frozenset[str], system_info: str, n_gpu_layers: int)
     if "amx_int8" in flags and "AMX_INT8" not in built:
         extra.append("AMX")
     return NATIVE_ADVICE.format(extra=" and ".join(extra)) if extra else None
+
+
+def spec_weights_advice(
+    profile: Profile, weight_types: frozenset[int], *, hybrid: bool, gpu_offload: bool, arch: str
+) -> str | None:
+    """Advice where the profile speculates on the CPU, exactly, but the model's weight types
+    make a CPU verify batch round otherwise than one token (docs/speculation.md), so the
+    engine will not draft: a Q8_0 copy is exact. None where it does not apply (speculation
+    off or rounding allowed, layers on a GPU, a hybrid model (its recurrence rounds whatever
+    the weights), another CPU: nothing measured to offer)."""
+    spec = profile.speculation
+    if not spec.enabled or spec.allow_batch_rounding or hybrid or arch not in X86_64:
+        return None
+    if gpu_offload and profile.model.n_gpu_layers != 0:
+        return None
+    odd = sorted(weight_types - EXACT_CPU_WEIGHTS)
+    if not odd:
+        return None
+    names = ", ".join(GGML_TYPE_NAMES.get(t, f"type {t}") for t in odd)
+    return (
+        f"speculation is on, but on the CPU a verify batch of this model's {names} weights rounds "
+        "otherwise than one token, so it will not draft: `velo-chat requantize MODEL` writes a "
+        "Q8_0 copy it drafts on exactly (or set speculation.allow_batch_rounding = true)"
+    )
 
 
 def _host_access() -> dict[str, Any] | None:
@@ -173,6 +200,15 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
         "ok": True,
         "error": None,
     }
+    spec = spec_weights_advice(
+        profile,
+        batch_weight_types(read_header(path)),
+        hybrid=facts.hybrid,
+        gpu_offload=build["gpu_offload"],
+        arch=platform.machine(),
+    )
+    if spec:
+        advice.append(spec)
     found = report.check(profile, path, machine.Machine(mem, build["gpu_offload"], gpu))
     out["fit"] = found.to_json()
     out["fit"]["table"] = found.table()
