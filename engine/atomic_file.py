@@ -25,7 +25,7 @@ def atomic_write(target: Path, write: Callable[[BinaryIO], object], *, sync_dir:
     If `write` raises, the temp file is removed and `target` is left as it was. The temp name
     carries the pid, so a cleaner can tell a dead writer's leftovers from a live one's."""
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.{os.getpid()}.", suffix=".tmp")
+    fd, tmp = _temp_beside(target)
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), PRIVATE_FILE_MODE)
@@ -43,6 +43,29 @@ def atomic_write(target: Path, write: Callable[[BinaryIO], object], *, sync_dir:
         finally:
             os.close(dir_fd)
     return target
+
+
+def atomic_produce(target: Path, produce: Callable[[Path], object]) -> Path:
+    """`atomic_write` for a writer that takes a path, not a file (llama.cpp's quantizer):
+    `produce(tmp)` fills a temp file beside `target`, which is then made private, fsynced and
+    renamed into place; if `produce` raises, the temp file is removed."""
+    target = Path(target)
+    fd, tmp = _temp_beside(target)
+    os.close(fd)
+    try:
+        produce(Path(tmp))
+        with open(tmp, "rb") as fh:
+            os.fchmod(fh.fileno(), PRIVATE_FILE_MODE)
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _temp_beside(target: Path) -> tuple[int, str]:
+    return tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.{os.getpid()}.", suffix=".tmp")
 
 
 def atomic_write_text(target: Path, text: str) -> Path:

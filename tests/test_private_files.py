@@ -18,7 +18,7 @@ import pytest
 
 from velo_chat.engine import llama_log
 from velo_chat.engine.config import locations
-from velo_chat.engine.atomic_file import atomic_write_text
+from velo_chat.engine.atomic_file import atomic_produce, atomic_write_text
 from velo_chat.engine.config.profiles import save_user_profile, set_active_profile
 from velo_chat.store import SessionStore
 
@@ -165,3 +165,19 @@ def test_ask_end_to_end_leaves_only_private_files(umask: int, new_home: Path, sm
     checkpoints = [rel for rel in tree if rel.endswith(".vckpt")]
     assert checkpoints, sorted(tree)  # the profile saves a checkpoint before every reply
     assert_private(new_home.parent)
+
+
+def test_a_file_made_by_path_is_private_and_whole_or_absent(umask: int, tmp_path: Path) -> None:
+    """`atomic_produce` (llama.cpp's quantizer writes by path): the result is 0600 whatever the
+    umask, and a writer that fails leaves neither the target nor its temp file."""
+    target = tmp_path / "copy.gguf"
+    atomic_produce(target, lambda tmp: tmp.write_bytes(b"whole"))
+    assert target.read_bytes() == b"whole" and stat.S_IMODE(target.stat().st_mode) == 0o600
+
+    def fails(tmp: Path) -> None:
+        tmp.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        atomic_produce(tmp_path / "other.gguf", fails)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.gguf"]

@@ -19,13 +19,11 @@ never sees half a model; a failure leaves nothing behind.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from .. import gguf_file, llama_log
-from ..config.locations import PRIVATE_FILE_MODE
+from ..atomic_file import atomic_produce
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +73,12 @@ def requantize(source: Path, target: Path, to: str, *, threads: int = 0) -> Path
     params.ftype = getattr(ll, f"LLAMA_FTYPE_MOSTLY_{TYPES[to]}")
     params.allow_requantize = True  # the source is quantized already: that is the point
     params.nthread = threads
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.{os.getpid()}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        log.info("requantizing %s to %s: %s", source, TYPES[to], target)
-        rc = ll.llama_model_quantize(str(source).encode(), tmp.encode(), params)
+
+    def produce(tmp: Path) -> None:
+        rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
         if rc != 0:
             why = llama_log.last_error() or f"llama_model_quantize returned {rc}"
             raise RequantizeError(f"could not requantize {source.name}: {why}")
-        os.chmod(tmp, PRIVATE_FILE_MODE)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+
+    log.info("requantizing %s to %s: %s", source, TYPES[to], target)
+    return atomic_produce(target, produce)
