@@ -81,6 +81,19 @@ def batch_weight_types(header: GGUFHeader) -> frozenset[int]:
     )
 
 
+def weight_rounding(weight_types: Iterable[int]) -> str:
+    """Why an x86_64 CPU rounds a verify batch of these weights otherwise than one token, in
+    words naming the types outside `EXACT_CPU_WEIGHTS`; "" where there are none."""
+    odd = sorted(set(weight_types) - EXACT_CPU_WEIGHTS)
+    if not odd:
+        return ""
+    names = ", ".join(GGML_TYPE_NAMES.get(t, f"type {t}") for t in odd)
+    return (
+        f"the CPU multiplies a batch of {names} weights with other kernels than one token, "
+        "which a Q8_0 copy (velo-chat requantize) avoids"
+    )
+
+
 def exactness(
     *,
     gpu_build: bool,
@@ -111,15 +124,10 @@ def exactness(
         why.append("a hybrid model's recurrence takes its chunked path for a batch")
     if not gpu_layers:
         arch = machine or platform.machine()
-        odd = sorted(set(weight_types) - EXACT_CPU_WEIGHTS)
         if arch not in X86_64:
             why.append(f"the CPU's batch kernels on {arch} are not measured against one-token steps")
-        elif odd:
-            names = ", ".join(GGML_TYPE_NAMES.get(t, f"type {t}") for t in odd)
-            why.append(
-                f"the CPU multiplies a batch of {names} weights with other kernels than one token, "
-                "which a Q8_0 copy (velo-chat requantize) avoids"
-            )
+        elif weights := weight_rounding(weight_types):
+            why.append(weights)
         if not flash_attn:
             why.append("attention without flash attention sums a batch otherwise than one token")
         if decode_threads > 1:

@@ -20,8 +20,8 @@ from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
 from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.gguf_file import GGML_TYPE_NAMES, GGUFError, read_header
-from velo_chat.engine.speculation import EXACT_CPU_WEIGHTS, X86_64, batch_weight_types
+from velo_chat.engine.gguf_file import GGUFError, read_header
+from velo_chat.engine.speculation import X86_64, batch_weight_types, weight_rounding
 from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.kernels import cudart
 
@@ -83,15 +83,10 @@ def spec_weights_advice(
         return None
     if gpu_offload and profile.model.n_gpu_layers != 0:
         return None
-    odd = sorted(weight_types - EXACT_CPU_WEIGHTS)
-    if not odd:
+    why = weight_rounding(weight_types)
+    if not why:
         return None
-    names = ", ".join(GGML_TYPE_NAMES.get(t, f"type {t}") for t in odd)
-    return (
-        f"speculation is on, but on the CPU a verify batch of this model's {names} weights rounds "
-        "otherwise than one token, so it will not draft: `velo-chat requantize MODEL` writes a "
-        "Q8_0 copy it drafts on exactly (or set speculation.allow_batch_rounding = true)"
-    )
+    return f"speculation is on but will not draft: {why} (or set speculation.allow_batch_rounding = true)"
 
 
 def _host_access() -> dict[str, Any] | None:
