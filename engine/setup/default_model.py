@@ -65,15 +65,28 @@ def is_present(path: Path | None = None) -> bool:
     path = path or default_model_path()
     if not path.is_file():
         return False
-    st = path.stat()
-    marker = _verified_marker(path)
-    key = f"{SHA256} {st.st_size} {st.st_mtime_ns}"
-    if marker.is_file() and marker.read_text().strip() == key:
+    if _marked(path, SHA256):
         return True
     if sha256_of(path) != SHA256:
         return False
-    atomic_write_text(marker, key + "\n")
+    _mark(path, SHA256)
     return True
+
+
+def _marked(path: Path, made_from: str) -> bool:
+    """Whether `path` is the file its marker vouches for: the same `made_from` (the download's
+    hash, and how a copy was made from it), size and mtime."""
+    marker = _verified_marker(path)
+    return path.is_file() and marker.is_file() and marker.read_text().strip() == _marker_key(path, made_from)
+
+
+def _mark(path: Path, made_from: str) -> None:
+    atomic_write_text(_verified_marker(path), _marker_key(path, made_from) + "\n")
+
+
+def _marker_key(path: Path, made_from: str) -> str:
+    st = path.stat()
+    return f"{made_from} {st.st_size} {st.st_mtime_ns}"
 
 
 def builtin_path(raw: str) -> Path:
@@ -88,20 +101,14 @@ def require_builtin(raw: str) -> Path:
     source = require_default_model()
     if raw == "default":
         return source
-    target = builtin_path(raw)
-    marker = _verified_marker(target)
-
-    def key() -> str:
-        st = target.stat()
-        return f"{SHA256} q8_0 {st.st_size} {st.st_mtime_ns}"
-
-    if target.is_file() and marker.is_file() and marker.read_text().strip() == key():
+    target, made_from = builtin_path(raw), f"{SHA256} q8_0"
+    if _marked(target, made_from):
         return target
     try:
         requantize.requantize(source, target, "q8_0")
     except requantize.RequantizeError as exc:
         raise DefaultModelMissing(f"the default model's Q8_0 copy could not be made: {exc}") from None
-    atomic_write_text(marker, key() + "\n")
+    _mark(target, made_from)
     return target
 
 
