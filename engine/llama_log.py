@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .config import locations
@@ -51,12 +51,28 @@ class _LineBuffer:
         if lvl >= logging.ERROR:
             self.last_error = line.strip()
         for listener in list(_listeners):
-            listener.append(line)
+            try:
+                listener(line)
+            except Exception:  # a listener's bug must not drop the line or reach C
+                logger.exception("a llama.cpp log listener failed")
         logger.log(lvl, "%s", line)
 
 
 _buffer = _LineBuffer()
-_listeners: list[list[str]] = []  # `lines()` blocks open now, each collecting every line
+_listeners: list[Callable[[str], None]] = []  # `watch()` blocks open now, each called per line
+
+
+@contextlib.contextmanager
+def watch(listener: Callable[[str], None]) -> Iterator[None]:
+    """Call `listener` with every line llama.cpp logs inside the block, whatever the logging
+    level, on the thread that logs it (it must be quick and must not raise)."""
+    with _lock:
+        _listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _lock:
+            _listeners.remove(listener)
 
 
 @contextlib.contextmanager
@@ -64,13 +80,8 @@ def lines() -> Iterator[list[str]]:
     """Collect every line llama.cpp logs inside the block, whatever the logging level (the
     engine reads facts from them that the C API does not give, such as a graph's splits)."""
     seen: list[str] = []
-    with _lock:
-        _listeners.append(seen)
-    try:
+    with watch(seen.append):
         yield seen
-    finally:
-        with _lock:
-            _listeners.remove(seen)
 
 
 def install() -> None:

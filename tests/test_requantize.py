@@ -127,3 +127,57 @@ def test_cli_writes_the_copy_and_refuses_bad_input(smollm2_path: Path, tmp_path:
         assert len(lines) == 1 and lines[0].startswith("velo-chat: error: ") and words in lines[0], r.stderr
     again = run_cli("requantize", str(smollm2_path), "--out", str(out), "--overwrite")
     assert again.returncode == 0, again.stderr
+
+
+def test_progress_counts_every_tensor_once(smollm2_path: Path, tmp_path: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    requantize(
+        smollm2_path, tmp_path / "m.gguf", "q8_0", progress=lambda done, total: seen.append((done, total))
+    )
+    n = len(gguf_file.read_header(smollm2_path).tensors)
+    assert seen == [(i, n) for i in range(1, n + 1)]
+
+
+def test_a_failing_progress_callback_does_not_stop_the_copy(smollm2_path: Path, tmp_path: Path) -> None:
+    calls = []
+
+    def broken(done: int, total: int) -> None:
+        calls.append(done)
+        raise RuntimeError("a bug in the caller's progress display")
+
+    out = requantize(smollm2_path, tmp_path / "m.gguf", "q8_0", progress=broken)
+    assert _types(out)["blk.0.ffn_up.weight"] == GGML_Q8_0
+    assert len(calls) == len(gguf_file.read_header(smollm2_path).tensors)
+
+
+def test_cli_shows_progress_on_a_terminal_only(smollm2_path: Path, tmp_path: Path) -> None:
+    import pty
+    import subprocess
+    import sys
+
+    n = len(gguf_file.read_header(smollm2_path).tensors)
+    piped = run_cli("requantize", str(smollm2_path), "--out", str(tmp_path / "piped.gguf"))
+    assert piped.returncode == 0 and "tensor" not in piped.stderr, piped.stderr
+    leader, follower = pty.openpty()
+    cmd = [sys.executable, "-m", "velo_chat.app.cli", "requantize", str(smollm2_path)]
+    child = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "tty.gguf")], stdout=subprocess.DEVNULL, stderr=follower
+    )
+    os.close(follower)
+    shown = b""
+    try:
+        while True:  # read as it is written: a full terminal buffer would stop the child
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child's end is closed: everything was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+        assert child.wait(timeout=300) == 0
+    text = shown.decode()
+    assert f"tensor 1/{n}" in text and f"tensor {n}/{n}" in text
+    after = text.split(f"tensor {n}/{n}", 1)[1]
+    assert after.startswith("\r\x1b[K") and "wrote " in after  # the progress line cleared first

@@ -24,10 +24,20 @@ def run(args: argparse.Namespace) -> int:
     target = Path(args.out).expanduser() if args.out else source.with_name(derived_name(source, args.to))
     if target.exists() and not args.overwrite:
         raise UserError(f"{target} exists; pass --overwrite to replace it, or --out to write elsewhere")
+    show = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            sys.stderr.write(f"\r\033[Krequantizing {source.name} to {args.to}: tensor {done:,}/{total:,}")
+            sys.stderr.flush()
+
     try:
-        requantize(source, target, args.to)
+        requantize(source, target, args.to, progress=progress)
     except RequantizeError as exc:
         raise UserError(str(exc)) from None
+    finally:
+        if show:
+            sys.stderr.write("\r\033[K")
     mib = target.stat().st_size / 2**20
     print(f'wrote {target} ({mib:,.0f} MiB); use it with [model] path = "{target}"', file=sys.stderr)
     return 0

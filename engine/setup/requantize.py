@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import gguf_file, llama_log
@@ -31,6 +32,10 @@ TYPES = {"q8_0": "Q8_0"}
 """What a model may be requantized to, and the tag a derived file name carries."""
 
 _QUANT_TAG = re.compile(r"[.-]((I?Q\d[\w]*)|F16|BF16|F32)$", re.IGNORECASE)
+
+_TENSOR_DONE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
+"""llama.cpp's quantizer logs one line per tensor, "[  12/ 272] blk.0.attn_k.weight - ...",
+finished once the tensor is written: what `requantize` reports progress from."""
 
 
 class RequantizeError(RuntimeError):
@@ -44,12 +49,21 @@ def derived_name(source: Path, to: str) -> str:
     return f"{stem}.{TYPES[to]}.gguf"
 
 
-def requantize(source: Path, target: Path, to: str, *, threads: int = 0) -> Path:
+def requantize(
+    source: Path,
+    target: Path,
+    to: str,
+    *,
+    threads: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
     """Write `source`'s weights requantized to `to` (a key of `TYPES`) at `target`.
 
     Raises `RequantizeError` (one line) for an unknown type, a source that is not a whole
     single-file GGUF, a target that is the source, or llama.cpp refusing; `target` is then left
-    as it was. `threads`: llama.cpp's quantizer threads (0: its default, the cores)."""
+    as it was. `threads`: llama.cpp's quantizer threads (0: its default, the cores).
+    `progress(done, total)` is called after each tensor is written (a large model takes
+    minutes), on the calling thread."""
     if to not in TYPES:
         raise RequantizeError(f"cannot requantize to {to!r}: choose one of {', '.join(TYPES)}")
     source, target = Path(source), Path(target)
@@ -74,8 +88,14 @@ def requantize(source: Path, target: Path, to: str, *, threads: int = 0) -> Path
     params.allow_requantize = True  # the source is quantized already: that is the point
     params.nthread = threads
 
+    def tensor_done(line: str) -> None:
+        m = _TENSOR_DONE.match(line)
+        if m and progress is not None:
+            progress(int(m.group(1)), int(m.group(2)))
+
     def produce(tmp: Path) -> None:
-        rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+        with llama_log.watch(tensor_done):
+            rc = ll.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
         if rc != 0:
             why = llama_log.last_error() or f"llama_model_quantize returned {rc}"
             raise RequantizeError(f"could not requantize {source.name}: {why}")
