@@ -334,7 +334,9 @@ class SpeculationSettings:
         "What each extra token of a verify batch is assumed to cost, as a fraction of a "
         "one-token step, until batches have been timed in the turn (then the measured value "
         "is used, with what a new graph costs when the batch size changes): about 0.05-0.2 on "
-        "a GPU, 0.6-0.9 for a small model on a CPU.",
+        "a GPU; on a CPU about 0.25 for weights it multiplies a batch at once (Q8_0, Q4_0), "
+        "0.6-0.9 for those it takes a token at a time (Q4_1). Set too high, a turn declines "
+        "short drafts that would pay and so never times one.",
         min=0.0,
         max=2.0,
     )
