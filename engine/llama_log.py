@@ -65,7 +65,8 @@ _listeners: list[Callable[[str], None]] = []  # `watch()` blocks open now, each 
 @contextlib.contextmanager
 def watch(listener: Callable[[str], None]) -> Iterator[None]:
     """Call `listener` with every line llama.cpp logs inside the block, whatever the logging
-    level, on the thread that logs it (it must be quick and must not raise)."""
+    level, on the thread that logs it (it must be quick; what it raises is logged, not passed
+    on, and the line still reaches the log)."""
     with _lock:
         _listeners.append(listener)
     try:
