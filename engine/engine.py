@@ -38,7 +38,7 @@ from .checkpoints import Checkpoints
 from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnDone, TurnFailed
 from .api import EngineFacts
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
-from . import llama_log
+from . import gguf_file, llama_log
 from .llama_context import DecodeError, LlamaContext
 from .llama_model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings, SpeculationSettings
@@ -205,7 +205,7 @@ class Engine(EngineFacts):
                 gpu_layers=gpu_layers,
                 hybrid=model.hybrid,
                 max_draft=spec.max_draft,
-                weight_types=batch_weight_types(model.header),
+                weight_types=batch_weight_types(gguf_file.shard_headers(model.header)),
                 decode_threads=plan_for(profile.context, gpu_resident=False).decode,
                 flash_attn=profile.context.flash_attn != "off",
             )

@@ -237,6 +237,16 @@ def shard_paths(header: GGUFHeader) -> list[Path]:
     return [header.path.with_name(f"{prefix}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
+def shard_headers(first: GGUFHeader) -> list[GGUFHeader]:
+    """The headers of every file of the model (`shard_paths`), `first` first: a split model's
+    tensors are spread over its shards (raises `GGUFError` for a missing or bad shard)."""
+    paths = shard_paths(first)
+    for i, p in enumerate(paths[1:], start=2):
+        if not p.exists():
+            raise GGUFError(f"shard {i} of {len(paths)} is missing: {p}")
+    return [first] + [read_header(p) for p in paths[1:]]
+
+
 def _shard_header(path: Path, index: int, count: int) -> GGUFHeader:
     if not path.exists():
         raise GGUFError(f"shard {index + 1} of {count} is missing: {path}")

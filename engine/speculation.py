@@ -69,14 +69,17 @@ batches take the repacked GEMM kernels). docs/speculation.md has the table."""
 X86_64 = ("x86_64", "AMD64")
 
 
-def batch_weight_types(header: GGUFHeader) -> frozenset[int]:
-    """The ggml types of the weights a batch multiplies: every tensor of two or more dimensions,
-    the token embeddings only where the model has no output matrix of its own (tied: they are
-    the output matrix; otherwise only rows are read from them, the same way for any batch)."""
-    tied = header.tensor("output.weight") is None
+def batch_weight_types(headers: Sequence[GGUFHeader]) -> frozenset[int]:
+    """The ggml types of the weights a batch multiplies, over every shard's header
+    (`gguf_file.shard_headers`: a split model's first shard may hold none of them): every tensor
+    of two or more dimensions, the token embeddings only where the model has no output matrix
+    of its own (tied: they are the output matrix; otherwise only rows are read from them, the
+    same way for any batch)."""
+    tensors = [t for h in headers for t in h.tensors]
+    tied = all(t.name != "output.weight" for t in tensors)
     return frozenset(
         t.ggml_type
-        for t in header.tensors
+        for t in tensors
         if len([d for d in t.shape if d > 1]) >= 2 and (tied or t.name != "token_embd.weight")
     )
 

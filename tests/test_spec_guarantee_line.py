@@ -85,7 +85,7 @@ def test_batch_weight_types(smollm2_path: Path) -> None:
     from velo_chat.engine.gguf_file import GGUFHeader, TensorInfo, read_header
     from velo_chat.engine.speculation import batch_weight_types
 
-    assert batch_weight_types(read_header(smollm2_path)) == {3, 8}  # Q4_1 layers, Q8_0 output
+    assert batch_weight_types([read_header(smollm2_path)]) == {3, 8}  # Q4_1 layers, Q8_0 output
 
     def header(*tensors: tuple[str, tuple[int, ...], int]) -> GGUFHeader:
         infos = tuple(TensorInfo(n, shape, t, 0) for n, shape, t in tensors)
@@ -96,5 +96,26 @@ def test_batch_weight_types(smollm2_path: Path) -> None:
         ("blk.0.norm", (64,), 0),
         ("blk.0.ffn", (64, 64), 8),
     )
-    assert batch_weight_types(header(embd, norm, layer)) == {14, 8}  # tied: Q6_K embeddings multiplied
-    assert batch_weight_types(header(embd, norm, layer, ("output.weight", (64, 1000), 8))) == {8}
+    assert batch_weight_types([header(embd, norm, layer)]) == {14, 8}  # tied: Q6_K embeddings multiplied
+    assert batch_weight_types([header(embd, norm, layer, ("output.weight", (64, 1000), 8))]) == {8}
+    # the output matrix in another shard than the embeddings still unties them
+    assert batch_weight_types([header(embd, norm), header(layer, ("output.weight", (64, 1000), 8))]) == {8}
+
+
+def test_batch_weight_types_read_every_shard(smollm2_path: Path, tmp_path: Path) -> None:
+    """A split model's first shard may hold only the token embeddings: the layers' Q4_1 weights
+    are in the other shards, and the engine's guarantee must see them."""
+    from tests.support.gguf_split import split_gguf
+    from velo_chat.engine.gguf_file import read_header, shard_headers
+    from velo_chat.engine.speculation import batch_weight_types
+
+    shards = split_gguf(smollm2_path, tmp_path / "smol.gguf", max_tensors=1)
+    first = read_header(shards[0])
+    assert [t.name for t in first.tensors] == ["token_embd.weight"]
+    assert batch_weight_types([first]) == {8}  # the first shard alone would miss the layers
+    headers = shard_headers(first)
+    assert len(headers) == len(shards) > 2
+    assert batch_weight_types(headers) == batch_weight_types([read_header(smollm2_path)]) == {3, 8}
+    shards[-1].unlink()
+    with pytest.raises(Exception, match="missing"):
+        shard_headers(first)

@@ -20,7 +20,7 @@ from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
 from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.gguf_file import GGUFError, read_header
+from velo_chat.engine.gguf_file import GGUFError, read_header, shard_headers
 from velo_chat.engine.speculation import X86_64, batch_weight_types, weight_rounding
 from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.kernels import cudart
@@ -197,7 +197,7 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     }
     spec = spec_weights_advice(
         profile,
-        batch_weight_types(read_header(path)),
+        batch_weight_types(shard_headers(read_header(path))),
         hybrid=facts.hybrid,
         gpu_offload=build["gpu_offload"],
         arch=platform.machine(),

@@ -104,11 +104,7 @@ def _padded(t: gguf_file.TensorInfo, align: int) -> int:
 def read_facts(path: Path) -> ModelFacts:
     """Read every shard's header (raises `GGUFError` for a missing or bad shard)."""
     first = gguf_file.read_header(Path(path), small_arrays=4096)  # per-layer arrays kept
-    paths = gguf_file.shard_paths(first)
-    for i, p in enumerate(paths[1:], start=2):
-        if not p.exists():
-            raise gguf_file.GGUFError(f"shard {i} of {len(paths)} is missing: {p}")
-    headers = [first] + [gguf_file.read_header(p) for p in paths[1:]]
+    headers = gguf_file.shard_headers(first)
     meta = first.metadata
     arch = first.architecture
     a = f"{arch}."
@@ -197,7 +193,7 @@ def read_facts(path: Path) -> ModelFacts:
     return ModelFacts(
         path=first.path,
         architecture=arch,
-        shards=tuple(Shard(p, p.stat().st_size) for p in paths),
+        shards=tuple(Shard(h.path, h.path.stat().st_size) for h in headers),
         n_layer=n_layer,
         n_embd=n_embd,
         n_vocab=int(n_vocab),
