@@ -10,8 +10,10 @@
 #   .device/tiny-qwen4exp.gguf  the tiny hybrid qwen4exp model the GPU tests and bench run on
 #                               (tests/support/tiny_qwen4exp.py; its tokenizer is SmolLM2's, from
 #                               the test-data cache, fetched if missing)
-#   .device/ple/tiny-qwen4exp-<type>.gguf  the same model with its PLE table in each type the GPU
-#                               gather reads (f32, f16, bf16, q8_0, iq4_nl), for device_ple.sh
+#   .device/ple/tiny-qwen4exp-<type>.gguf  the same model with its PLE table in each other type the
+#                               GPU gather reads (f16, bf16, q8_0, iq4_nl), for device_ple.sh (the
+#                               f32 one is tiny-qwen4exp.gguf itself: device_ple.sh links it, so it
+#                               is not carried twice)
 #
 #   bash benchmarks/prepare_device.sh          # from the repo root, after `make bootstrap`
 #
@@ -76,7 +78,7 @@ work = Path(sys.argv[1])
 tokenizer = smollm2(None)
 shutil.copyfile(tiny_qwen4exp_path(work / "tiny", tokenizer), work / "tiny-qwen4exp.gguf")
 (work / "ple").mkdir()
-for ple_type in ("f32", "f16", "bf16", "q8_0", "iq4_nl"):
+for ple_type in ("f16", "bf16", "q8_0", "iq4_nl"):
     built = tiny_qwen4exp_path(work / "tiny", tokenizer, ple_type=ple_type)
     shutil.copyfile(built, work / "ple" / f"tiny-qwen4exp-{ple_type}.gguf")
 PY
