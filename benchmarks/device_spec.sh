@@ -35,11 +35,17 @@
 #
 # SPEC_SNAPSHOTS=1 first runs benchmarks/spec_snapshots.py on the tiny model (plain decoding in
 # contexts with max_draft 0, 4 and 16 side by side, and a kernel profile of each; snapshots.json).
+# SPEC_STALE_AB=1 runs each bench again right after it with stale graphs not priced
+# (benchmarks/cli_stale_unpriced.py, labelled "-unpriced"): the stepper before and after
+# `CostModel.stale`, side by side.
+# SPEC_FILES="A.py B.py ...": SmolLM2's `on` profile again for each file, as the copy-edit
+# workload (`bench --spec --spec-file`; the rename is the one bench picks). SPEC_TESTS=0 skips
+# the tests (a warm call that only benchmarks).
 # Environment: SPEC_TOKENS (decode tokens, default 512), SPEC_REPEATS (3), SPEC_BUDGET_S (no
 # new bench run starts after this many seconds from the end of the build, default 200),
 # SPEC_PLE (the tiny model's ple_gather, default "auto"), SPEC_PROFILES (which of the profiles
-# above run, in order; default "on on-p02 on-b1"; also on-md4 and on-md8, "on" with max_draft
-# 4 and 8: on a hybrid model what the recurrent-state snapshots cost a plain step, by their
+# above run, in order; default "on on-p02 on-b1"; also on-md4, on-md7 and on-md8, "on" with max_draft
+# 4, 7 and 8 (7: the largest batch, 8 tokens, that ggml-cuda's matrix-vector kernels take): on a hybrid model what the recurrent-state snapshots cost a plain step, by their
 # number), SPEC_MODELS (which models' logits and bench runs, default "tiny smol"), SPEC_GRAPH_KEYS (e.g. "1 0": the profiles again with GGML_CUDA_GRAPH_KEY_SHAPE set to
 # each, packaging/patches/cuda-graph-per-shape.patch against upstream's CUDA graph key). SPEC_LOCAL=1 runs the same logic on
 # this machine's .venv with the layers on the CPU and no build or GPU (a dry run of the script;
@@ -86,6 +92,7 @@ for m in tiny smol; do
   profile $m-on '"auto"' true $p 0.8
   profile $m-on-p02 '"auto"' true $p 0.2; profile $m-on-b1 1 true $p 0.8
   profile $m-on-md4 '"auto"' true $p 0.8 4; profile $m-on-md8 '"auto"' true $p 0.8 8
+  profile $m-on-md7 '"auto"' true $p 0.8 7
   profile $m-on-nowarm '"auto"' true $p 0.8 "" false
 done
 
@@ -100,10 +107,10 @@ if [ -n "$smol" ] && [ -f "$smol" ]; then
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
   select=""
 fi
-timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py tests/test_spec_guard.py \
+[ "${SPEC_TESTS:-1}" = 1 ] && timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py tests/test_spec_guard.py \
   tests/test_spec_warm_up.py \
   ${select:+-k "$select"} > "$out/tests.log" 2>&1
-say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
+[ "${SPEC_TESTS:-1}" = 1 ] && say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
 
 # -- what the rollback snapshots cost plain steps (SPEC_SNAPSHOTS=1; tiny model, kernel profile) --
 if [ "${SPEC_SNAPSHOTS:-0}" = 1 ] && [[ " ${SPEC_MODELS:-tiny smol} " == *" tiny "* ]]; then
@@ -120,11 +127,11 @@ logits() {  # label, model, profile
 }
 
 # -- bench --spec -----------------------------------------------------------------------------------
-bench() {  # label, model, profile
+bench() {  # label, model, profile[, extra bench arguments]
   if [ $(( $(date +%s) - t_start )) -gt "$budget" ]; then say "out of time before $1"; return; fi
   local json=$home/$1.json
-  timeout 120 "$py" -m velo_chat.app.cli bench --spec --model "$2" --profile "$3" --json \
-    --decode-tokens "$tokens" --repeats "$repeats" > "$json" 2>> "$out/bench.err"
+  timeout 120 "$py" ${CLI:--m velo_chat.app.cli} bench --spec --model "$2" --profile "$3" --json \
+    --decode-tokens "$tokens" --repeats "$repeats" "${@:4}" > "$json" 2>> "$out/bench.err"
   "$py" - "$1" "$json" "$results" <<'PY' | tee -a "$summary"
 import json, sys
 name, path, results = sys.argv[1:]
@@ -156,6 +163,14 @@ if "cost_on_prefill_threads" in s:
 PY
 }
 
+if [ "${SPEC_STALE_AB:-0}" = 1 ]; then  # each run again with stale graphs not priced, right after
+  eval "_bench_one() $(declare -f bench | tail -n +2)"
+  bench() {
+    _bench_one "$@"
+    CLI=benchmarks/cli_stale_unpriced.py _bench_one "$1-unpriced" "${@:2}"
+  }
+fi
+
 # the most telling runs first: SPEC_BUDGET_S may leave the last ones out
 models=${SPEC_MODELS:-tiny smol}
 have_tiny=0; [[ " $models " == *" tiny "* ]] && have_tiny=1
@@ -170,6 +185,9 @@ for key in ${SPEC_GRAPH_KEYS:-default}; do
     [ $have_smol = 1 ] && bench "smol-$p$tag" "$smol" "smol-$p"
   done
 done
+if [ $have_smol = 1 ]; then
+  for f in ${SPEC_FILES:-}; do bench "smol-on-$(basename "$f")" "$smol" smol-on --spec-file "$f"; done
+fi
 [ $have_smol = 1 ] || say "SmolLM2 skipped: no model at '${smol}' (pass its path as the second argument)"
 "$py" - "$out/logits.jsonl" <<'PY' | tee -a "$summary"
 import json, sys

@@ -87,6 +87,8 @@ class RecordedLive:
         self.n_ctx = prompt + len(reply) + max_draft + 8
         self.max_draft = max_draft
         self.verified_sizes: set[int] = set(range(1, max_draft + 2)) if warm else set()
+        self.stale_steps: float | None = None  # the tables price a batch by size and switch only:
+        # no call's graph is stale here (`graph_stale`)
         self.now = 0.0
         self._last = 1
         self._base = 0
@@ -98,6 +100,9 @@ class RecordedLive:
         same, other = self.costs
         self.now += _steps(same if size == self._last else other, size)
         self._last = size
+
+    def graph_stale(self, n: int) -> bool:
+        return False
 
     def append(self, token: int) -> None:
         self._charge(1)

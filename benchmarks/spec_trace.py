@@ -17,7 +17,10 @@ CUDA graph (`cuda_graph`): `reused` (llama.cpp reused its graph, so the captured
 launched at once), `changed` (a graph built anew whose nodes differ from the captured one's:
 run eagerly, without a CUDA graph, and captured again at the next step of that shape),
 `captured` (the step after a change: captured and updated), none of these (a graph built anew
-that matched the captured one: launched after checking every node).
+that matched the captured one: launched after checking every node). `stale` counts the steps
+`LiveSequence.graph_stale` marked before they ran (their KV window moved since the last call
+of their size), with their time and how many of them ggml-cuda ran eagerly
+(`stale_and_changed`): where the two agree, the cost model's `stale` is what those cost.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class _Traced(SpecStepper):
         draft, _ = self.index.draft(max(min(self.k_max, room - 1), 1))
         if not self.drafting:
             self._skip = 1 << 30
+        stale = [False, *(self.live.graph_stale(n) for n in range(1, self.k_max + 2))]
         with llama_log.lines() as logged:
             t0 = time.perf_counter()
             out = super().step(token, room)
@@ -53,7 +57,15 @@ class _Traced(SpecStepper):
         kind = "verify" if size > 1 else ("after-verify" if prev > 1 else ("declined" if draft else "plain"))
         graph = {name: sum(words in line for line in logged) for name, words in _GRAPH_LINES.items()}
         self.rows.append(
-            {"kind": kind, "size": size, "tokens": len(out), "s": seconds, "ids": out, "graph": graph}
+            {
+                "kind": kind,
+                "size": size,
+                "tokens": len(out),
+                "s": seconds,
+                "ids": out,
+                "graph": graph,
+                "stale": stale[size],
+            }
         )
         return out
 
@@ -118,6 +130,10 @@ def main() -> None:
             k[f"cuda_graph_{name}"] = k.get(f"cuda_graph_{name}", 0) + n
         if r["graph"]["changed"]:  # what the steps run without a CUDA graph cost
             k["changed_time_in_steps"] = k.get("changed_time_in_steps", 0.0) + r["s"] / step
+        if r["stale"]:  # LiveSequence.graph_stale said so before the step
+            k["stale"] = k.get("stale", 0) + 1
+            k["stale_time_in_steps"] = k.get("stale_time_in_steps", 0.0) + r["s"] / step
+            k["stale_and_changed"] = k.get("stale_and_changed", 0) + int(r["graph"]["changed"] > 0)
     out["on"] = {
         k: {n: round(x, 1) if isinstance(x, float) else x for n, x in v.items()} for k, v in kinds.items()
     }

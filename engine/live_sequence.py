@@ -35,6 +35,12 @@ RESTORE_MIN_GAIN = 32
 """Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
 the whole state, roughly the cost of prefilling a few dozen tokens)."""
 
+KV_WINDOW = 256
+"""llama.cpp pads the attention's KV length to a multiple of this (`llama_kv_cache::get_n_kv`,
+so that a graph keeps its shape from one call to the next). A decode call whose context end
+lies in another window than the last call of its size had finds that graph's shapes changed:
+llama.cpp builds it anew and a GPU backend captures its CUDA graph again (`graph_stale`)."""
+
 MAX_RESTORE_ATTEMPTS = 4
 """Checkpoints tried in turn when restoring fails (each failure drops the bad one)."""
 
@@ -69,6 +75,12 @@ class LiveSequence:
         # the backend keeps for that shape (a CUDA graph captured, buffers), which later ones
         # reuse, so its time says little of theirs (`SpecStepper` does not time it)
         self.verified_sizes: set[int] = set()
+        # each one-token step's or verify batch's size -> the KV window its last call ended in
+        # (`graph_stale`); a size not here has not run in this context
+        self._windows: dict[int, int] = {}
+        # what a call whose graph is stale costs more, in one-token steps, as the speculation
+        # stepper last timed it (None: not yet); kept with the context, which keeps the graphs
+        self.stale_steps: float | None = None
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -124,6 +136,20 @@ class LiveSequence:
     def common_prefix(self, tokens: Sequence[int]) -> int:
         return common_prefix(self._tokens, tokens)
 
+    def _window(self, n: int) -> int:
+        return max(-(-min(len(self._tokens) + n, self.n_ctx) // KV_WINDOW), 1)
+
+    def graph_stale(self, n: int) -> bool:
+        """Whether a call of `n` tokens with logits for each (n = 1: a one-token step; more: a
+        verify batch) would find its graph otherwise than the last call of that size left it:
+        that call ended in another KV window (`KV_WINDOW`), or there was none. On a GPU such a
+        call runs eagerly while its CUDA graph is captured again, measured on an H200 at about
+        3 one-token steps more for SmolLM2; a one-token step pays it every `KV_WINDOW` tokens,
+        a verify batch of a size used now and then nearly every time (the speculation cost
+        model prices it: `spec_cost.CostModel.stale`). Prefill chunks are not followed: their
+        graphs are another shape."""
+        return self._windows.get(n) != self._window(n)
+
     def usable(self, tokens: Sequence[int]) -> int:
         """How much of `tokens` the live context can serve. At least the last token is always
         left to decode (its logits start the reply); a hybrid model's context serves only if
@@ -171,6 +197,7 @@ class LiveSequence:
     def append(self, token: int) -> None:
         """Decode one sampled token (the per-token path of a reply)."""
         self._rollable = 0
+        self._windows[1] = self._window(1)
         rc = self._ctx.decode_one(token)
         if rc != 0:
             raise DecodeError(f"llama_decode failed during generation (code {rc})")
@@ -183,6 +210,7 @@ class LiveSequence:
         if len(tokens) - 1 > self.max_draft or len(self._tokens) + len(tokens) > self.n_ctx:
             raise ValueError(f"a verify batch of {len(tokens)} tokens does not fit")
         self._rollable = 0
+        self._windows[len(tokens)] = self._window(len(tokens))
         self._decoding(lambda: self._ctx.decode_all_logits(tokens, len(self._tokens)))
         self._tokens.extend(tokens)
         self._rollable = len(tokens) - 1 if self.hybrid else 0
@@ -202,6 +230,7 @@ class LiveSequence:
             if n > self.n_ctx:
                 break
             batch = [token] * n
+            self._windows[n] = self._window(n)
             for _ in range(repeats):
                 self._decoding(functools.partial(self._ctx.decode_all_logits, batch, 0))
                 self._ctx.clear()

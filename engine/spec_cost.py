@@ -10,6 +10,7 @@ it is expected to yield; on a GPU a new graph when the batch size changes is the
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 MATCH_BUCKETS = (3, 5, 8, 12, 20, 32)
 """Match-length buckets (lower bounds) that keep their own acceptance estimate: a 30-token match
@@ -36,6 +37,9 @@ MAX_PROBES = 4
 MAX_REBUILD_SAMPLE = 5.0
 """The most one timed step may say a new graph costs, in one-token steps (measured on an H200:
 2.7-3.9 with every layer on the GPU), for the same reason as `MAX_SLOPE_SAMPLE`."""
+
+MAX_STALE_SAMPLE = 8.0
+"""The same for a stale graph (`CostModel.stale`; an H200: about 3 steps for SmolLM2)."""
 
 
 class CostModel:
@@ -80,9 +84,22 @@ class CostModel:
     search that finds the cheap power of two below a step in a verify batch or two, at most
     `MAX_PROBES` a turn. (A bisection, tried first, missed it on the H200: between 2 and 9 the
     middle is 5, which 17 tokens for 3.2 steps beat, so it was never tried, and 8 with it.) On
-    a CPU, whose cost grows about evenly, no stretch stands out and nothing is probed."""
+    a CPU, whose cost grows about evenly, no stretch stands out and nothing is probed.
 
-    def __init__(self, slope: float = 0.5, alpha: float = 0.2) -> None:
+    **Stale graphs.** llama.cpp pads the attention's KV length to a window of 256 cells, so a
+    call whose context end lies in another window than the last call of its size had finds its
+    graph's shapes changed (`LiveSequence.graph_stale`): the graph is built anew and a GPU
+    backend runs it eagerly while capturing its CUDA graph again. Plain decoding pays that once
+    every 256 tokens; a verify batch of a size used now and then (novel text: a draft here and
+    there) pays it nearly every time. Measured on an H200 (SmolLM2, novel text): a stale verify
+    of 2 tokens 4.2-4.5 steps against 1.7 for one built anew at the same window, 17 tokens 6.2-7.7
+    against 3.9. `stale` is that extra cost, in one-token steps, timed from the one-token steps
+    that are stale (they are left out of the one-token time, which one such step used to lift
+    by half for the next few steps); a stale batch is priced `stale` more instead of a new
+    graph's `rebuild`, and its own cost is what is left of its time after it. On a CPU a stale
+    step costs a graph build, a fraction of a step."""
+
+    def __init__(self, slope: float = 0.5, alpha: float = 0.2, stale: float | None = None) -> None:
         self.prior = slope
         self.alpha = alpha
         self._one: float | None = None
@@ -91,6 +108,9 @@ class CostModel:
         self._line = (1.0 - slope, slope)  # relative(n) = a + b * n between measured sizes
         self._top = 0  # the largest size measured
         self.rebuild = 0.0  # what a call of a new shape costs more, in one-token steps
+        # what a call whose graph is stale costs more, in one-token steps (None: not timed yet;
+        # the context keeps what earlier turns timed: `LiveSequence.stale_steps`)
+        self.stale = stale
         # until `rebuild` is first timed: the sizes timed only after another size (their cost
         # holds a new graph's); None afterwards
         self._switched_only: set[int] | None = set()
@@ -107,8 +127,17 @@ class CostModel:
         """A one-token step's time (its graph reused once one step has followed another)."""
         return self._one
 
-    def record(self, n: int, seconds: float) -> None:
+    def record(self, n: int, seconds: float, stale: bool = False) -> None:
+        """Time a decode call of `n` tokens; `stale`: its graph was stale
+        (`LiveSequence.graph_stale`)."""
         prev, self.last = self.last, n
+        if n == 1 and stale:
+            if self._one and self._steady:  # what a stale graph costs; not a one-token time
+                r = min(max(seconds / self._one - 1.0, 0.0), MAX_STALE_SAMPLE)
+                self.stale = r if self.stale is None else self.stale + self.alpha * (r - self.stale)
+            elif self._one is None:
+                self._one = seconds
+            return
         if n == 1:
             if prev == 1:  # a step after a step: its graph reused
                 steady, self._steady = self._steady, True
@@ -129,7 +158,11 @@ class CostModel:
                         self._fit()
         elif self._one:
             pending = self._switched_only
-            if n == prev:
+            if stale:  # built anew and captured again: what is left after `stale` is its own
+                self._batch(n, seconds / self._one - max(self.stale or 0.0, self.rebuild))
+                if pending is not None and n not in self._reused:
+                    pending.add(n)
+            elif n == prev:
                 self._batch(n, seconds / self._one)
                 if pending is not None:
                     pending.discard(n)
@@ -216,18 +249,21 @@ class CostModel:
         lo, hi = xs[i - 1], xs[i]
         return pts[lo] + (pts[hi] - pts[lo]) * (n - lo) / (hi - lo)
 
-    def call_cost(self, n: int, prev: int) -> float:
+    def call_cost(self, n: int, prev: int, stale: bool = False) -> float:
         """Cost of a verify batch of `n` right after a call of `prev` tokens, in one-token
         steps: its own, a new graph unless `prev` was the same size, and, when it leaves plain
         steps (`prev` 1, or 0 at a turn's start), the new graph of the plain step that will
         follow the verify run, which staying plain would not pay. Until a batch size has been
         timed the prior alone prices it: with both new graphs priced in, a CPU's prior kept a
         GPU turn from ever timing a batch (simulated with the H200's costs: a copy at 95%
-        acceptance went from 1.5x to 1.1x)."""
+        acceptance went from 1.5x to 1.1x). `stale`: the batch's graph is stale, which costs
+        `stale` (once timed) in place of a new graph's `rebuild`."""
         cost = self.relative(n)
         if not self.measured:  # nothing timed yet: the prior alone, so batches get timed
             return cost
-        if n != prev:
+        if stale:
+            cost += max(self.stale or 0.0, self.rebuild)
+        elif n != prev:
             cost += self.rebuild
         if prev <= 1:
             cost += self.rebuild
@@ -265,14 +301,22 @@ class Acceptance:
 
 
 def best_draft_length(
-    a: float, k_max: int, cost: CostModel, gain: float, *, available: int | None = None, prev: int = 1
+    a: float,
+    k_max: int,
+    cost: CostModel,
+    gain: float,
+    *,
+    available: int | None = None,
+    prev: int = 1,
+    stale: Callable[[int], bool] | None = None,
 ) -> int:
     """The draft length with the most expected tokens per unit of time, or 0 when no length
     beats a plain step by the factor `gain`. Verifying k drafts yields 1 + a + ... + a^k tokens
     (the pending token's successor always, each draft only if all before it were accepted),
     for `cost.call_cost(k + 1, prev)`. Past the `available` draft tokens a batch is padded: no
     more tokens, but the size of the previous verify batch (`prev`) reuses its graph, which on
-    a GPU costs less than a smaller batch built anew."""
+    a GPU costs less than a smaller batch built anew. `stale(n)`: whether a batch of n would
+    find its graph stale (`LiveSequence.graph_stale`)."""
     best_k, best = 0, 1.0 * gain
     expected = 1.0
     p = 1.0
@@ -283,7 +327,7 @@ def best_draft_length(
             expected += p
         elif k + 1 != prev or prev not in cost.measured:
             continue  # padding pays only to keep the previous batch's size, timed
-        value = expected / cost.call_cost(k + 1, prev)
+        value = expected / cost.call_cost(k + 1, prev, stale(k + 1) if stale else False)
         if value > best:
             best_k, best = k, value
     return best_k

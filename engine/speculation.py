@@ -233,7 +233,7 @@ class SpecStepper:
         self.k_max = min(settings.max_draft, live.max_draft)
         self.index = NgramIndex(settings.min_match)
         self.index.extend(session)
-        self.cost = CostModel(slope=settings.batch_cost_prior)
+        self.cost = CostModel(slope=settings.batch_cost_prior, stale=live.stale_steps)
         self.acceptance = Acceptance()
         self.counters = SpecCounters()
         self._rejected = 0  # rejected drafts of the last verify batch, still in the context
@@ -248,12 +248,14 @@ class SpecStepper:
 
     def _plain(self, token: int) -> list[int]:
         after_verify = self.cost.last > 1
+        stale = self.live.graph_stale(1)
         t0 = self.clock()
         self.live.append(token)
         nxt = self.live.sample(self.sampler)
         seconds = self.clock() - t0
         step = self.cost.step_seconds
-        self.cost.record(1, seconds)
+        self.cost.record(1, seconds, stale)
+        self.live.stale_steps = self.cost.stale
         if after_verify and step:  # the one-token graph built anew: the verify run's cost
             self._account(1.0 - seconds / step)
             total, count = self.counters.after_verify_steps
@@ -282,6 +284,7 @@ class SpecStepper:
                 gain,
                 available=len(draft),
                 prev=self.cost.last,
+                stale=self.live.graph_stale,
             )
         if k == 0:
             self._skip = max(self._skip - 1, 0)
@@ -297,6 +300,7 @@ class SpecStepper:
         draft = draft[:k]
         d = len(draft)  # the real draft; the rest of the batch pads it to the last batch's size
         first = k + 1 not in self.live.verified_sizes  # the context's first batch of this size
+        stale = self.live.graph_stale(k + 1)
         t0 = self.clock()
         self.live.verify([token, *draft, *[draft[-1]] * (k - d)])
         out: list[int] = []
@@ -311,10 +315,10 @@ class SpecStepper:
         spent = seconds / step if step else 0.0  # in one-token steps
         if first:  # not timed: the next batch of this size says what it costs; the guard
             # books it at no more than the price it was drafted at
-            spent = min(spent, self.cost.call_cost(k + 1, self.cost.last))
+            spent = min(spent, self.cost.call_cost(k + 1, self.cost.last, stale))
             self.cost.last = k + 1
         else:
-            self.cost.record(k + 1, seconds)
+            self.cost.record(k + 1, seconds, stale)
             if step:
                 total, count = self.counters.batch_steps.get(k + 1, (0.0, 0))
                 self.counters.batch_steps[k + 1] = (total + spent, count + 1)

@@ -64,7 +64,7 @@ def _stepper(
                 return  # the cost model as shipped, timed by the virtual clock
             cost = self.cost = CostModel(slope=0.0)
             cost.record(1, 1.0)  # a one-token step is one unit ...
-            cost.record = lambda n, seconds: setattr(cost, "last", n)  # type: ignore[method-assign]
+            cost.record = lambda n, seconds, stale=False: setattr(cost, "last", n)  # type: ignore[method-assign]
             # ... and every batch is priced as one step: only the guard stops drafts
 
     monkeypatch.setattr(turn_runner, "SpecStepper", Timed)

@@ -58,7 +58,7 @@ def forced(monkeypatch: pytest.MonkeyPatch):
         def __init__(self, live, sampler, settings, session):
             super().__init__(live, sampler, settings, [*oracle, *session])
             self.cost = CostModel(slope=0.0)
-            self.cost.record = lambda n, seconds: None  # type: ignore[method-assign]
+            self.cost.record = lambda n, seconds, stale=False: None  # type: ignore[method-assign]
 
     monkeypatch.setattr(turn_runner, "SpecStepper", Forced)
 
@@ -108,7 +108,7 @@ def test_padded_verify_batches(request, tmp_path: Path, monkeypatch: pytest.Monk
             cost.rebuild = 0.5
             for n in [*range(2, 10)] * 2:
                 cost._batch(n, 1.0)  # every size timed, each as cheap as a token
-            cost.record = lambda n, seconds: setattr(cost, "last", n)  # type: ignore[method-assign]
+            cost.record = lambda n, seconds, stale=False: setattr(cost, "last", n)  # type: ignore[method-assign]
             self.index.draft = self._short
 
         def _short(self, k: int) -> tuple[list[int], int]:
