@@ -125,7 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N,N,...",
         help="prompt sizes in tokens (capped by n_ctx)",
     )
-    bench.add_argument("--decode-tokens", type=_positive, default=256, metavar="N")
+    bench.add_argument(
+        "--decode-tokens",
+        type=_positive,
+        metavar="N",
+        help="tokens each decode run takes (default 256); with --spec, copy-edit's reply is by "
+        "default the whole file (as many tokens as its prompt) and N caps it when given",
+    )
     bench.add_argument("--repeats", type=_positive, default=3, metavar="N")
     bench.add_argument(
         "--resume-tokens",

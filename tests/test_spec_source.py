@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine.bench.spec import workloads
+from velo_chat.engine.bench.spec import copy_edit_budget, workloads
+from velo_chat.engine.engine import PromptTooLong
 from velo_chat.engine.bench.spec_source import (
     SpecSourceError,
     colorsys_source,
@@ -47,6 +48,19 @@ def test_picks_the_name_a_person_would() -> None:
     # a C file: the names it #defines; a shell script's functions are `name() {`, not a keyword
     c_name = pick_rename((REPO / "packaging" / "amx_probe.c").read_text(), ".c")
     assert c_name is not None and c_name[0] in ("ARCH_REQ_XCOMP_PERM", "XFEATURE_XTILEDATA")
+
+
+def test_copy_edit_replies_the_whole_file_unless_told() -> None:
+    """The reply a copy-edit prompt asks for is the file, about the prompt's length: that is its
+    budget by default, as far as the context leaves room and at least the other rows'
+    `--decode-tokens`; a `--decode-tokens` the user gives sets it."""
+    assert copy_edit_budget("colorsys.py", 1926, 4096, 256, None) == 1926
+    assert copy_edit_budget("colorsys.py", 1926, 3000, 256, None) == 3000 - 1926
+    assert copy_edit_budget("colorsys.py", 100, 4096, 256, None) == 256
+    assert copy_edit_budget("colorsys.py", 1926, 4096, 256, 16) == 16
+    for n_ctx, copy_tokens in ((2048, None), (4096, 3000)):
+        with pytest.raises(PromptTooLong, match=r"colorsys.py\) is 1,926 tokens .* the context holds"):
+            copy_edit_budget("colorsys.py", 1926, n_ctx, 256, copy_tokens)
 
 
 def test_never_a_dunder_and_never_a_name_used_once() -> None:

@@ -511,6 +511,9 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         assert s["copy_edit_source"]["rename"] == [source.old, source.new]
         tokens = engine.tokens_for([source.message()], engine.template_variables())
         assert s["copy_edit_source"]["prompt_tokens"] == len(tokens)
+        # copy-edit's reply may be the whole file (about the prompt's length), the others 24
+        assert s["copy_edit_source"]["reply_budget"] == len(tokens)
+        assert s["copy-edit"]["decode_tokens"] <= len(tokens)
         for row in ("copy-edit", "novel", "replay"):
             assert s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
             assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding
@@ -526,6 +529,7 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         text = "\n".join(format_spec_lines(s))
         assert "replay" in text and "a new graph each time" in text
         assert f"copy-edit: amx_probe.c ({source.lines} lines" in text
+        assert f"its reply up to {len(tokens):,} tokens" in text
         assert engine.profile.speculation.enabled  # put back as loaded
 
 

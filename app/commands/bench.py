@@ -12,7 +12,7 @@ from typing import Any
 from velo_chat.engine import cpu_group
 from velo_chat.engine.bench.remote import run_remote_bench
 from velo_chat.engine.bench.result import BenchResult
-from velo_chat.engine.bench.run import format_table, run_bench
+from velo_chat.engine.bench.run import DEFAULT_DECODE_TOKENS, format_table, run_bench
 from velo_chat.engine.bench.spec_source import CopyEditSource, SpecSourceError, copy_edit_source
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.engine import Engine
@@ -137,13 +137,14 @@ def run(args: argparse.Namespace) -> int:
                 on_progress=note,
                 spec=args.spec,
                 spec_source=spec_source,
+                spec_copy_tokens=args.decode_tokens,
             )
         else:  # a remote server: the sections it can answer
             result = run_remote_bench(
                 engine,
                 profile_name=profile.name,
                 prefill_sizes=sizes,
-                decode_tokens=args.decode_tokens,
+                decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
                 repeats=args.repeats,
                 on_progress=note,
             )
@@ -169,7 +170,7 @@ def _local(
             engine,
             profile_name=name,
             prefill_sizes=sizes,
-            decode_tokens=args.decode_tokens,
+            decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
             repeats=args.repeats,
             resume_tokens=0 if args.no_resume else args.resume_tokens,
             load=args.load,

@@ -31,6 +31,7 @@ from ..engine import Engine
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_SIZES = (512, 2048, 8192)
+DEFAULT_DECODE_TOKENS = 256
 
 
 def decode_section(
@@ -73,7 +74,7 @@ def run_bench(
     *,
     profile_name: str,
     prefill_sizes=DEFAULT_PREFILL_SIZES,
-    decode_tokens: int = 256,
+    decode_tokens: int = DEFAULT_DECODE_TOKENS,
     repeats: int = 3,
     resume_tokens: int = 0,
     load: int = 0,
@@ -83,13 +84,15 @@ def run_bench(
     on_progress: Callable[[str], None] | None = None,
     spec: bool = False,
     spec_source: CopyEditSource | None = None,
+    spec_copy_tokens: int | None = None,
 ) -> BenchResult:
     """Run every section. `thread_counts`: decode again with each fixed count (the threads
     section); `load`: decode again beside that many busy processes (the load section, with the
     fixed counts too; `load_same_session` starts them as this process's children,
     `load_cgroup` in a cgroup beside this process's, see
     `engine/bench/load.py`). With `resume_tokens`, the resume section runs last and closes the engine
-    (its fresh-process probe must not share the machine with a second copy)."""
+    (its fresh-process probe must not share the machine with a second copy). `spec_copy_tokens`:
+    the `--spec` copy-edit reply's length (None: the whole file, `spec.copy_edit_budget`)."""
     note = on_progress or (lambda _s: None)
     info = engine.info
     assert info is not None, "load the engine first"
@@ -123,7 +126,12 @@ def run_bench(
     }
     if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py)
         result.sections["speculation"] = spec_section(
-            engine, decode_tokens=decode_tokens, repeats=repeats, note=note, source=spec_source
+            engine,
+            decode_tokens=decode_tokens,
+            repeats=repeats,
+            note=note,
+            source=spec_source,
+            copy_tokens=spec_copy_tokens,
         )
         return result
     room = info.n_ctx - decode_tokens - 16

@@ -62,6 +62,27 @@ def speedup_limit(costs: dict[int, float], acceptance: float) -> float:
     return best
 
 
+def copy_edit_budget(
+    name: str, prompt_tokens: int, n_ctx: int, decode_tokens: int, copy_tokens: int | None
+) -> int:
+    """The most tokens copy-edit's reply may take. The reply that prompt asks for is the whole
+    file, about as many tokens as the prompt (the file and a line of instructions), and most of
+    what speculation gains is in it: a reply cut at a few hundred tokens measures the model's
+    opening words, which nothing in the session predicts. So by default (`copy_tokens` None)
+    the budget is the prompt's length as far as the context leaves room, and at least
+    `decode_tokens`; `copy_tokens` (the user's `--decode-tokens`) sets it outright. Raises
+    `PromptTooLong` when the prompt (of the file `name`) and the budget do not fit."""
+    room = n_ctx - prompt_tokens
+    budget = copy_tokens if copy_tokens is not None else max(min(prompt_tokens, room), decode_tokens)
+    if budget > room:
+        raise PromptTooLong(
+            f"the copy-edit prompt ({name}) is {prompt_tokens:,} tokens and the reply may take "
+            f"{budget:,} more: the context holds {n_ctx:,} (a shorter file, fewer "
+            "--decode-tokens or a profile with a larger n_ctx)"
+        )
+    return budget
+
+
 def spec_section(
     engine: Engine,
     *,
@@ -69,10 +90,13 @@ def spec_section(
     repeats: int,
     note: Callable[[str], None],
     source: CopyEditSource | None = None,
+    copy_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The section's numbers (docs/speculation.md, "Measurements"). `source`: the copy-edit
-    workload's file and rename (default colorsys.py). Raises `PromptTooLong` before anything
-    runs when the copy-edit prompt and `decode_tokens` do not fit in the context."""
+    workload's file and rename (default colorsys.py). `decode_tokens`: the novel and replay
+    replies' length; copy-edit's is `copy_edit_budget`'s (the whole file unless `copy_tokens`).
+    Raises `PromptTooLong` before anything runs when the copy-edit prompt and its reply do not
+    fit in the context."""
     loaded = engine.profile
     spec = loaded.speculation
     source = source or colorsys_source()
@@ -80,19 +104,20 @@ def spec_section(
     info = engine.info
     assert info is not None, "load the engine first"
     prompt_tokens = len(engine.tokens_for(prompts["copy-edit"], engine.template_variables()))
-    if prompt_tokens + decode_tokens > info.n_ctx:
-        raise PromptTooLong(
-            f"the copy-edit prompt ({source.name}) is {prompt_tokens:,} tokens and the reply may take "
-            f"{decode_tokens:,} more: the context holds {info.n_ctx:,} (a shorter file, fewer "
-            "--decode-tokens or a profile with a larger n_ctx)"
-        )
+    budget = {
+        "copy-edit": copy_edit_budget(source.name, prompt_tokens, info.n_ctx, decode_tokens, copy_tokens)
+    }
     out: dict[str, Any] = {
         "max_draft": spec.max_draft,
         "min_match": spec.min_match,
         # the "on" column's guarantee (bit-identical, up to batch rounding, or off and why),
         # whether or not the loaded profile enables speculation
         "speculation": engine.speculation_if_enabled,
-        "copy_edit_source": {**source.describe(), "prompt_tokens": prompt_tokens},
+        "copy_edit_source": {
+            **source.describe(),
+            "prompt_tokens": prompt_tokens,
+            "reply_budget": budget["copy-edit"],
+        },
     }
     try:
         with engine.checkpoints_at(None):
@@ -104,7 +129,7 @@ def spec_section(
                         note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
                         with_speculation(engine, enabled)
                         engine.reset()
-                        done = engine.complete(messages, max_tokens=decode_tokens)
+                        done = engine.complete(messages, max_tokens=budget.get(name, decode_tokens))
                         runs[enabled].append(done.stats)
                         texts[enabled] = done.text
                 row: dict[str, Any] = {}
@@ -200,7 +225,7 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
         old, new = src["rename"]
         lines.append(
             f"  copy-edit: {src['file']} ({src['lines']} lines, {src['prompt_tokens']:,} prompt "
-            f"tokens), `{old}` renamed to `{new}`"
+            f"tokens), `{old}` renamed to `{new}`; its reply up to {src['reply_budget']:,} tokens"
         )
     lines.append(
         f"{'workload':>12} {'off tok/s':>10} {'on tok/s':>9} {'x':>6} {'accept':>7} {'tok/call':>9} identical"
