@@ -78,6 +78,7 @@ class LiveSequence:
         # each one-token step's or verify batch's size -> the KV window its last call ended in
         # (`graph_stale`); a size not here has not run in this context
         self._windows: dict[int, int] = {}
+        self._last_window = -(-ctx.n_ctx // KV_WINDOW)  # the cache's own end (n_kv's cap)
         # what a call whose graph is stale costs more, in one-token steps, as the speculation
         # stepper last timed it (None: not yet); kept with the context, which keeps the graphs
         self.stale_steps: float | None = None
@@ -137,7 +138,8 @@ class LiveSequence:
         return common_prefix(self._tokens, tokens)
 
     def _window(self, n: int) -> int:
-        return max(-(-min(len(self._tokens) + n, self.n_ctx) // KV_WINDOW), 1)
+        """The KV window a call of `n` tokens ends in (once per token: kept to integer steps)."""
+        return min((len(self._tokens) + n - 1) // KV_WINDOW + 1, self._last_window)
 
     def graph_stale(self, n: int) -> bool:
         """Whether a call of `n` tokens with logits for each (n = 1: a one-token step; more: a
