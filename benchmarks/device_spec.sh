@@ -161,15 +161,10 @@ print(f"  verify cost, each after another size (a new graph each time): {s.get('
 if "cost_on_prefill_threads" in s:
     print(f"  verify cost on the prefill threads: {s['cost_on_prefill_threads']}")
 PY
+  if [ "${SPEC_STALE_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, stale graphs not priced
+    CLI=benchmarks/cli_stale_unpriced.py bench "$1-unpriced" "${@:2}"
+  fi
 }
-
-if [ "${SPEC_STALE_AB:-0}" = 1 ]; then  # each run again with stale graphs not priced, right after
-  eval "_bench_one() $(declare -f bench | tail -n +2)"
-  bench() {
-    _bench_one "$@"
-    CLI=benchmarks/cli_stale_unpriced.py _bench_one "$1-unpriced" "${@:2}"
-  }
-fi
 
 # the most telling runs first: SPEC_BUDGET_S may leave the last ones out
 models=${SPEC_MODELS:-tiny smol}

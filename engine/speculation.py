@@ -255,7 +255,8 @@ class SpecStepper:
         seconds = self.clock() - t0
         step = self.cost.step_seconds
         self.cost.record(1, seconds, stale)
-        self.live.stale_steps = self.cost.stale
+        if stale:  # the context keeps what a stale graph costs for the turns after this one
+            self.live.stale_steps = self.cost.stale
         if after_verify and step:  # the one-token graph built anew: the verify run's cost
             self._account(1.0 - seconds / step)
             total, count = self.counters.after_verify_steps

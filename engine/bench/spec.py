@@ -104,9 +104,7 @@ def spec_section(
     info = engine.info
     assert info is not None, "load the engine first"
     prompt_tokens = len(engine.tokens_for(prompts["copy-edit"], engine.template_variables()))
-    budget = {
-        "copy-edit": copy_edit_budget(source.name, prompt_tokens, info.n_ctx, decode_tokens, copy_tokens)
-    }
+    copy_budget = copy_edit_budget(source.name, prompt_tokens, info.n_ctx, decode_tokens, copy_tokens)
     out: dict[str, Any] = {
         "max_draft": spec.max_draft,
         "min_match": spec.min_match,
@@ -116,7 +114,7 @@ def spec_section(
         "copy_edit_source": {
             **source.describe(),
             "prompt_tokens": prompt_tokens,
-            "reply_budget": budget["copy-edit"],
+            "reply_budget": copy_budget,
         },
     }
     try:
@@ -129,7 +127,8 @@ def spec_section(
                         note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
                         with_speculation(engine, enabled)
                         engine.reset()
-                        done = engine.complete(messages, max_tokens=budget.get(name, decode_tokens))
+                        budget = copy_budget if name == "copy-edit" else decode_tokens
+                        done = engine.complete(messages, max_tokens=budget)
                         runs[enabled].append(done.stats)
                         texts[enabled] = done.text
                 row: dict[str, Any] = {}
