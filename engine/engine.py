@@ -250,6 +250,7 @@ class Engine(EngineFacts):
             ple_table=model.ple_table,
             graph_splits=llama_log.decode_graph_splits(made),
             speculation=spec_mode,
+            speculation_if_enabled=self._spec_if_enabled,
         )
         if spec.enabled:
             log.info("speculation %s", spec_mode)

@@ -38,6 +38,9 @@ class ModelLoaded:
     # speculation's state and guarantee in words: "off", "on: bit-identical to plain decoding",
     # "on: plain decoding up to the batch rounding (why)", or off and why (speculation_mode)
     speculation: str = ""
+    # the same as it would read with speculation.enabled switched on (`Engine.speculation_if_enabled`:
+    # what switching it on in the settings gets on this loaded model, before any reload)
+    speculation_if_enabled: str = ""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import dataclasses
 
 from velo_chat.app.widgets.telemetry.panel import LivePanel, speculation_line
 from velo_chat.engine.config.profile_schema import SpeculationSettings
-from velo_chat.engine.speculation import speculation_mode
+from velo_chat.engine.speculation import mode_if_enabled, speculation_mode
 
 from tests.support.tui_helpers import fake_app
 from tests.test_tui_flows import SIZE, ready
@@ -66,3 +66,37 @@ async def test_the_engines_word_outlasts_the_profile_it_loaded(tmp_path) -> None
         assert panel.speculation == "off"
         panel.set_speculation(True)  # on again, same model: still refused
         assert panel.speculation == "off (needs allow_batch_rounding)"
+
+
+async def test_switched_on_after_load_the_panel_says_what_the_engine_would_do(tmp_path) -> None:
+    """Loaded with speculation off, then switched on in the settings (no reload): the engine
+    drafts only where the loaded context allows it (`Engine.speculation_if_enabled`), and the
+    panel says that, not "on". Seen in a real terminal: `default` (decode on 2 threads) loaded,
+    `cpu-speculate` activated, the panel said "on · nothing drafted" while the engine refused."""
+    app, _factory = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        panel = screen.query_one(LivePanel)
+        rounding = "decode on 2 threads splits one token's attention otherwise"
+        cases = (
+            (_mode(rounding, enabled=True), False, "off (needs allow_batch_rounding)"),
+            (
+                mode_if_enabled(
+                    SpeculationSettings(allow_batch_rounding=True), "recurrence", needs_reload=True
+                ),
+                False,
+                "off (until a reload)",
+            ),
+            (_mode("", enabled=True), True, "on (exact)"),
+        )
+        for if_enabled, drafts, line in cases:
+            info = dataclasses.replace(
+                screen._model_info, speculation="off", speculation_if_enabled=if_enabled
+            )
+            panel.model_ready(info, "m")
+            assert panel.speculation == "off"
+            panel.set_speculation(True)
+            await pilot.pause()
+            assert (panel.speculation_enabled, panel.speculation) == (drafts, line)
+            panel.set_speculation(False)
+            assert panel.speculation == "off"

@@ -45,6 +45,8 @@ def speculation_line(mode: str) -> tuple[bool, str]:
         return True, "on (exact)"
     if mode.startswith("on"):
         return True, "on (batch rounding)"
+    if mode.startswith("off:") and "next load" in mode:
+        return False, "off (until a reload)"
     if mode.startswith("off:"):
         return False, "off (needs allow_batch_rounding)"
     return False, "off"
@@ -81,6 +83,7 @@ class LivePanel(Vertical):
         self.speculation = "off"
         self.speculation_enabled = False
         self._engine_speculation = ""  # the loaded model's word on it (`model_ready`), if any
+        self._engine_if_enabled = ""  # and its word with it switched on (`set_speculation`)
         self._lines: dict[str, str] = {}  # what each line shows (`_show`)
         self.ple_fraction: float | None = None  # the PLE table's share in the page cache
         self._streaming = False  # tokens are streaming: the memory line waits for `tokens`
@@ -115,7 +118,7 @@ class LivePanel(Vertical):
     # -- model --------------------------------------------------------------------------------
 
     def model_loading(self, progress: float, name: str = "") -> None:
-        self._engine_speculation = ""  # the next load will say
+        self._engine_speculation = self._engine_if_enabled = ""  # the next load will say
         bar = self.query_one("#panel-load", ProgressBar)
         bar.display = True
         bar.update(progress=progress)
@@ -140,6 +143,7 @@ class LivePanel(Vertical):
             lines += f"\nPLE {info.ple_gather}{splits}"
         self.query_one("#panel-model", Static).update(lines)
         self._engine_speculation = info.speculation
+        self._engine_if_enabled = info.speculation_if_enabled
         if info.speculation:  # what the engine made of the profile's setting on this model
             self.speculation_enabled, self.speculation = speculation_line(info.speculation)
         self._render_context()
@@ -155,6 +159,10 @@ class LivePanel(Vertical):
         word = self._engine_speculation
         if enabled and word and word != "off":
             self.speculation_enabled, self.speculation = speculation_line(word)
+            return
+        if enabled and self._engine_if_enabled:  # loaded with it off: what switching it on gets
+            self.speculation_enabled, self.speculation = speculation_line(self._engine_if_enabled)
+            self._render_context()
             return
         self.speculation_enabled = enabled
         self.speculation = "on" if enabled else "off"
