@@ -224,7 +224,9 @@ class LiveSequence:
         the seconds it took. What a backend keeps per batch shape is then made before the first
         turn: ggml-cuda runs a new shape eagerly once and captures its CUDA graph the next time,
         and CUDA loads a kernel at its first launch (each batch size up to 8 has its own
-        matrix-vector kernels, larger ones the matrix-matrix ones)."""
+        matrix-vector kernels, larger ones the matrix-matrix ones). The sizes count as verified
+        (`verified_sizes`): the speculation stepper times a turn's first batch of each, which it
+        would otherwise leave untimed as the one that builds the shape."""
         if self._tokens:
             raise RuntimeError("warm_up needs an empty context")
         t0 = time.perf_counter()
@@ -236,6 +238,8 @@ class LiveSequence:
             for _ in range(repeats):
                 self._decoding(functools.partial(self._ctx.decode_all_logits, batch, 0))
                 self._ctx.clear()
+            if n > 1:  # built: a turn's first batch of this size is timed like the others
+                self.verified_sizes.add(n)
         self._ctx.synchronize()
         self.clear()
         return time.perf_counter() - t0

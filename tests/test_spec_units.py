@@ -141,6 +141,53 @@ def test_cost_model_prices_a_new_graph() -> None:
     assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
 
 
+def _searched(a, k_max, cost, gain, available, prev, stale):
+    """`best_draft_length` without its bound: every length priced (the reference)."""
+    best_k, best, expected, p = 0, gain, 1.0, 1.0
+    real = min(available, k_max)
+    for k in range(1, k_max + 1):
+        if k <= real:
+            p *= a
+            expected += p
+        elif k + 1 != prev or prev not in cost.measured:
+            continue
+        value = expected / cost.call_cost(k + 1, prev, stale(k + 1))
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+def test_draft_length_bound_declines_only_what_no_length_would_take() -> None:
+    """The bound `best_draft_length` checks first (the most tokens any draft yields over the
+    cheapest call) gives the answer of pricing every length, over cost models timed from random
+    batches on a CPU-like and a GPU-like backend, every acceptance and previous call; and it
+    does decline novel text on the GPU-like one, where it is meant to save the search."""
+    rng = random.Random(7)
+    bounded = 0
+    for case in range(300):
+        gpu = case % 2 == 1
+        cost = CostModel(slope=rng.choice((0.05, 0.5, 0.8)), stale=rng.choice((None, 3.0)))
+        prev = 1
+        for _ in range(rng.randrange(0, 30)):
+            n = rng.choice((1, 1, 1, 2, 3, 5, 9, 17))
+            rebuild = (3.0 if gpu else 0.05) if n != prev else 0.0
+            per = (0.15 if gpu else 0.9) * (n - 1)
+            cost.record(n, 0.001 * (1.0 + per + rebuild) * rng.uniform(0.9, 1.2), rng.random() < 0.1)
+            prev = n
+        stale_sizes = {n for n in range(2, 18) if rng.random() < 0.3}
+        for a in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0):
+            for prev in (0, 1, 2, 9, 17):
+                available = rng.randrange(1, 17)
+                want = _searched(a, 16, cost, 1.05, available, prev, stale_sizes.__contains__)
+                got = spec_cost.best_draft_length(
+                    a, 16, cost, 1.05, available=available, prev=prev, stale=stale_sizes.__contains__
+                )
+                assert got == want, (case, a, prev, available)
+                most = sum(a**i for i in range(available + 1))
+                bounded += gpu and most <= 1.05 * cost.floor(prev)
+    assert bounded > 100
+
+
 H200_PER_SHAPE = {1: 1.0, 2: 1.127, 3: 1.173, 5: 1.275, 9: 2.798, 17: 3.139}
 """SmolLM2 on an H200 with a CUDA graph per batch shape, back to back (2026-12-02)."""
 
