@@ -152,6 +152,9 @@ for row in ("copy-edit", "novel", "replay"):
               f" accept {r['acceptance']} tok/call {r['tokens_per_call']} tokens {r['decode_tokens']}"
               f" identical {r['identical']} graphs reused {r.get('graphs_reused')}"
               f"  runs off {r['tok_s_off_runs']} on {r['tok_s_on_runs']}")
+        if r.get("shared_tokens"):
+            print(f"             the replies share {r['shared_tokens']} tokens: over those off"
+                  f" {r['tok_s_off_shared']} on {r['tok_s_on_shared']} = {r['speedup_shared']}x")
         if r.get("batches") or r.get("declined"):
             print(f"             verify batches {r.get('batches')} declined {r.get('declined')}"
                   f" guarded {r.get('guarded')}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine.bench.spec import copy_edit_budget, workloads
+from velo_chat.engine.bench.spec import TokenTimes, copy_edit_budget, shared_rates, workloads
 from velo_chat.engine.engine import PromptTooLong
 from velo_chat.engine.bench.spec_source import (
     SpecSourceError,
@@ -48,6 +48,25 @@ def test_picks_the_name_a_person_would() -> None:
     # a C file: the names it #defines; a shell script's functions are `name() {`, not a keyword
     c_name = pick_rename((REPO / "packaging" / "amx_probe.c").read_text(), ".c")
     assert c_name is not None and c_name[0] in ("ARCH_REQ_XCOMP_PERM", "XFEATURE_XTILEDATA")
+
+
+def _reply(ids: list[int], step_s: float) -> TokenTimes:
+    return TokenTimes(ids, [i * step_s for i in range(len(ids))])
+
+
+def test_replies_that_part_are_compared_over_what_they_share() -> None:
+    """On a GPU speculation's reply may part from plain decoding's (batch rounding); bench then
+    also rates both over the tokens they share, so the speedup compares the same text."""
+    common = list(range(100, 180))
+    off = [_reply([*common, 1, 2, 3], 0.002), _reply([*common, 1, 2, 3], 0.002)]
+    on = [_reply([*common, 7, 7, 7, 7, 7, 7], 0.001), _reply([*common, 7, 8], 0.0008)]
+    r = shared_rates(off, on)
+    assert r["shared_tokens"] == 80
+    assert r["tok_s_off_shared"] == pytest.approx(500.0)
+    assert r["tok_s_on_shared"] == pytest.approx((1000.0 + 1250.0) / 2)
+    assert r["speedup_shared"] == pytest.approx(2.25)
+    assert shared_rates(off[:1], [_reply(off[0].ids, 0.001)]) == {}  # identical: nothing to add
+    assert shared_rates(off, [_reply([*common[:20], 5] * 4, 0.001)]) == {}  # too little shared
 
 
 def test_copy_edit_replies_the_whole_file_unless_told() -> None:

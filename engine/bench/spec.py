@@ -21,10 +21,15 @@ from typing import Any
 
 from ..chat_template import ChatMessage
 from ..engine import Engine, PromptTooLong
-from ..events import TurnStats
+from ..events import TokenDelta, TurnDone, TurnFailed, TurnStats
+from ..live_sequence import common_prefix
 from .spec_source import CopyEditSource, colorsys_source
 
 BATCH_SIZES = (1, 2, 3, 5, 8, 9, 17)  # 8 and 9: either side of CUDA's matrix-vector limit
+
+MIN_SHARED = 32
+"""Fewest tokens two replies that part (batch rounding) must share before `bench --spec`
+compares their decode rates over them."""
 
 
 def workloads(source: CopyEditSource | None = None) -> dict[str, list[ChatMessage]]:
@@ -39,6 +44,56 @@ def workloads(source: CopyEditSource | None = None) -> dict[str, list[ChatMessag
                 "docstrings and a small command-line interface.",
             )
         ],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenTimes:
+    """A reply's tokens and when each was sampled (`TokenDelta.t`)."""
+
+    ids: list[int]
+    times: list[float]
+
+    def rate_over(self, n: int) -> float:
+        """Decode tok/s over the reply's first `n` tokens (as `TurnStats.decode_tok_s`
+        counts: the first token's time starts the clock)."""
+        span = self.times[n - 1] - self.times[0]
+        return (n - 1) / span if n > 1 and span > 0 else 0.0
+
+
+def timed_reply(engine: Engine, messages: list[ChatMessage], max_tokens: int) -> tuple[TurnDone, TokenTimes]:
+    """Run a turn to its end; its `TurnDone` and each token's time (`Engine.complete` keeps
+    only the stats). Raises RuntimeError on a failed turn."""
+    ids: list[int] = []
+    times: list[float] = []
+    with engine.turn(messages, max_tokens=max_tokens) as turn:
+        for event in turn:
+            if isinstance(event, TokenDelta):
+                ids.append(event.token_id)
+                times.append(event.t)
+            elif isinstance(event, TurnDone):
+                return event, TokenTimes(ids, times)
+            elif isinstance(event, TurnFailed):
+                raise RuntimeError(event.reason)
+    raise RuntimeError("the turn ended without TurnDone")
+
+
+def shared_rates(off: list[TokenTimes], on: list[TokenTimes]) -> dict[str, Any]:
+    """Where speculation's replies part from plain decoding's (a GPU's batch rounding), the
+    decode rates over the tokens every reply shares, so that the speedup compares the same
+    text: whole replies may differ in length and in how much of them is a loop, which drafts
+    well. Empty when the replies are identical or share fewer than `MIN_SHARED` tokens."""
+    first = off[0].ids
+    shared = min(common_prefix(first, r.ids) for r in (*off, *on))
+    if all(r.ids == first for r in (*off, *on)) or shared < MIN_SHARED:
+        return {}
+    rate_off = statistics.median(r.rate_over(shared) for r in off)
+    rate_on = statistics.median(r.rate_over(shared) for r in on)
+    return {
+        "shared_tokens": shared,
+        "tok_s_off_shared": round(rate_off, 2),
+        "tok_s_on_shared": round(rate_on, 2),
+        "speedup_shared": round(rate_on / rate_off, 3) if rate_off else None,
     }
 
 
@@ -120,22 +175,23 @@ def spec_section(
     try:
         with engine.checkpoints_at(None):
             for name, messages in prompts.items():
-                runs: dict[bool, list[TurnStats]] = {False: [], True: []}
-                texts: dict[bool, str] = {}
+                runs: dict[bool, list[TurnDone]] = {False: [], True: []}
+                timed: dict[bool, list[TokenTimes]] = {False: [], True: []}
                 for i in range(repeats):  # off and on in turns: both see the same machine load
                     for enabled in (False, True):
                         note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
                         with_speculation(engine, enabled)
                         engine.reset()
                         budget = copy_budget if name == "copy-edit" else decode_tokens
-                        done = engine.complete(messages, max_tokens=budget)
-                        runs[enabled].append(done.stats)
-                        texts[enabled] = done.text
+                        done, times = timed_reply(engine, messages, budget)
+                        runs[enabled].append(done)
+                        timed[enabled].append(times)
                 row: dict[str, Any] = {}
+                stats: dict[bool, list[TurnStats]] = {k: [d.stats for d in v] for k, v in runs.items()}
                 for enabled, key in ((False, "off"), (True, "on")):
-                    row[f"tok_s_{key}"] = round(statistics.median(s.decode_tok_s for s in runs[enabled]), 2)
-                    row[f"tok_s_{key}_runs"] = [round(s.decode_tok_s, 2) for s in runs[enabled]]
-                s = runs[True][-1]
+                    row[f"tok_s_{key}"] = round(statistics.median(s.decode_tok_s for s in stats[enabled]), 2)
+                    row[f"tok_s_{key}_runs"] = [round(s.decode_tok_s, 2) for s in stats[enabled]]
+                s = stats[True][-1]
                 row.update(
                     drafted=s.spec_drafted,
                     accepted=s.spec_accepted,
@@ -148,9 +204,10 @@ def spec_section(
                     after_verify_steps=round(s.spec_after_verify_steps, 3),
                     decode_tokens=s.decode_tokens,
                     speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
-                    identical=texts[False] == texts[True],
+                    identical=runs[False][-1].text == runs[True][-1].text,
                     graphs_reused=s.graphs_reused,
-                    graphs_reused_off=runs[False][-1].graphs_reused,
+                    graphs_reused_off=stats[False][-1].graphs_reused,
+                    **shared_rates(timed[False], timed[True]),
                 )
                 out[name] = row
             out["replay"] = _replay(engine, decode_tokens, repeats, note)
@@ -237,6 +294,14 @@ def format_spec_lines(s: dict[str, Any]) -> list[str]:
             f"{name:>12} {r['tok_s_off']:>10.1f} {r['tok_s_on']:>9.1f} {r['speedup'] or 0:>6.2f} "
             f"{r.get('acceptance', 0):>7.2f} {r.get('tokens_per_call', 0):>9.2f} {r['identical']}"
         )
+    for name in ("copy-edit", "novel", "replay"):
+        r = s.get(name, {})
+        if r.get("shared_tokens"):
+            lines.append(
+                f"  {name}: the replies part after {r['shared_tokens']:,} tokens (batch rounding); "
+                f"over those, {r['tok_s_off_shared']:.1f} -> {r['tok_s_on_shared']:.1f} tok/s, "
+                f"{r['speedup_shared'] or 0:.2f}x"
+            )
     for name in ("copy-edit", "novel", "replay"):
         r = s.get(name, {})
         if r.get("batches") or r.get("declined"):
