@@ -35,10 +35,10 @@ def test_warm_up_needs_an_empty_context(smollm2_path: Path, tmp_path: Path) -> N
     the context's verify batches hold is cut to it rather than failing the load."""
     with spec_engine(smollm2_path, tmp_path, spec=True) as engine:
         live = engine._require()[2]
-        assert live.verified_sizes == set()
         assert live.warm_up(live.max_draft + 5) > 0
         assert len(live) == 0
         # every verify size it built counts as verified: a turn times its first batch of each
+        # (on a GPU the load's own warm-up made some of them already)
         assert live.verified_sizes == set(range(2, live.max_draft + 2))
         live.extend(engine.tokens_for(PROSE)[:8])
         with pytest.raises(RuntimeError, match="empty context"):
