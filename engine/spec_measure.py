@@ -72,6 +72,9 @@ class ReplayResult:
     graphs_reused: int = 0  # llama.cpp graphs reused by the speculative run's decode calls
     plain: list[int] = field(default_factory=list)  # the tokens, plain
     spec: list[int] = field(default_factory=list)  # and with speculation
+    # when each of those tokens was sampled (perf_counter; the first: when timing began)
+    plain_times: list[float] = field(default_factory=list)
+    spec_times: list[float] = field(default_factory=list)
 
 
 def replay_decode(
@@ -95,25 +98,32 @@ def replay_decode(
         live.synchronize()
 
     prefill()
+    clock = time.perf_counter
     with sampler() as s:
         plain = [live.sample(s)]
-        t0 = time.perf_counter()
+        plain_times = [clock()]
         while len(plain) < n:
             live.append(plain[-1])
             plain.append(live.sample(s))
-        plain_s = time.perf_counter() - t0
+            plain_times.append(clock())
+        plain_s = plain_times[-1] - plain_times[0]
     prefill()
     with sampler() as s:
         stepper = SpecStepper(live, s, settings, [*prompt, *plain])
         out = [live.sample(s)]
         reused = live.perf().n_reused
-        t0 = time.perf_counter()
+        spec_times = [clock()]
         while len(out) < n:
-            out.extend(stepper.step(out[-1], n - len(out)))
-        spec_s = time.perf_counter() - t0
+            batch = stepper.step(out[-1], n - len(out))
+            out.extend(batch)
+            spec_times.extend([clock()] * len(batch))
+        spec_s = spec_times[-1] - spec_times[0]
         reused = live.perf().n_reused - reused
     live.clear()
-    return ReplayResult(n, plain_s, spec_s, out == plain, stepper.counters, reused, plain, out[:n])
+    counters = stepper.counters
+    return ReplayResult(
+        n, plain_s, spec_s, out == plain, counters, reused, plain, out[:n], plain_times, spec_times[:n]
+    )
 
 
 def batch_logit_differences(

@@ -390,6 +390,10 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
         result = engine.spec_replay(PROSE, 96)
         c = result.counters
         assert result.tokens == 96 and result.identical == (result.spec == result.plain)
+        for times in (result.plain_times, result.spec_times):  # each token's time, in order
+            assert len(times) == 96 and times == sorted(times)
+        # a verify batch's tokens share a time: fewer distinct times than tokens speculating
+        assert len(set(result.spec_times)) == c.decode_calls + 1 < len(set(result.plain_times))
         if _same_reply(engine, PROSE, result.plain, result.spec, tol):
             assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
             assert c.decode_calls < 48
