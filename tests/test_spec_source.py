@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine.bench.spec import TokenTimes, copy_edit_budget, shared_rates, workloads
+from velo_chat.engine.bench.spec import (
+    TokenTimes,
+    copy_edit_budget,
+    format_spec_lines,
+    shared_rates,
+    workloads,
+)
 from velo_chat.engine.engine import PromptTooLong
 from velo_chat.engine.bench.spec_source import (
     SpecSourceError,
@@ -67,6 +73,11 @@ def test_replies_that_part_are_compared_over_what_they_share() -> None:
     assert r["speedup_shared"] == pytest.approx(2.25)
     assert shared_rates(off[:1], [_reply(off[0].ids, 0.001)]) == {}  # identical: nothing to add
     assert shared_rates(off, [_reply([*common[:20], 5] * 4, 0.001)]) == {}  # too little shared
+    row = {"tok_s_off": 500.0, "tok_s_on": 1100.0, "speedup": 2.2, "identical": False, **r}
+    section = {"max_draft": 16, "min_match": 3, "novel": row, "cost": {"1": 1.0}, "cost_1_ms": 1.0}
+    lines = format_spec_lines({**section, "limit_full": 1.0, "limit_at_copy_acceptance": 1.0})
+    said = "over those, 500.0 -> 1125.0 tok/s, 2.25x"
+    assert f"  novel: the replies part after 80 tokens (batch rounding); {said}" in lines
 
 
 def test_copy_edit_replies_the_whole_file_unless_told() -> None:
