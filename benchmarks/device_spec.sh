@@ -158,6 +158,10 @@ for row in ("copy-edit", "novel", "replay"):
         if r.get("batches") or r.get("declined"):
             print(f"             verify batches {r.get('batches')} declined {r.get('declined')}"
                   f" guarded {r.get('guarded')}")
+        if len(r.get("on_runs", [])) > 1:
+            print("             each on run: " + "; ".join(
+                f"{x['tok_s']} tok/s, {x['accepted']}/{x['drafted']} accepted, batches {x['batches']}"
+                for x in r["on_runs"]))
 print(f"  verify cost (one token {s['cost_1_ms']} ms, {s.get('verify_threads')} threads): {s['cost']};"
       f" limit {s['limit_full']}x full, {s['limit_at_copy_acceptance']}x at copy-edit's acceptance")
 print(f"  verify cost, each after another size (a new graph each time): {s.get('cost_alternating')}")

@@ -523,6 +523,10 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
             assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding
         assert s["speculation"] == engine.speculation
         assert s["replay"]["decode_tokens"] == 24 and s["replay"]["drafted"] > 0
+        for row in ("copy-edit", "novel"):  # each speculative run's drafts; the last is the row's
+            (last,) = s[row]["on_runs"]
+            assert last["tok_s"] == s[row]["tok_s_on"] and last["batches"] == s[row]["batches"]
+            assert (last["drafted"], last["accepted"]) == (s[row]["drafted"], s[row]["accepted"])
         for row in ("copy-edit", "novel", "replay"):  # timed sizes only: a subset of the batches
             assert set(s[row]["batch_steps"]) <= set(s[row]["batches"])
             assert all(v > 0 for v in s[row]["batch_steps"].values())

@@ -191,6 +191,17 @@ def spec_section(
                 for enabled, key in ((False, "off"), (True, "on")):
                     row[f"tok_s_{key}"] = round(statistics.median(s.decode_tok_s for s in stats[enabled]), 2)
                     row[f"tok_s_{key}_runs"] = [round(s.decode_tok_s, 2) for s in stats[enabled]]
+                # each speculative run's drafts (the counters below are the last run's): a
+                # context's first runs may draft otherwise than the later ones
+                row["on_runs"] = [
+                    {
+                        "tok_s": round(r.decode_tok_s, 2),
+                        "drafted": r.spec_drafted,
+                        "accepted": r.spec_accepted,
+                        "batches": {str(n): c for n, c in sorted(r.spec_batches.items())},
+                    }
+                    for r in stats[True]
+                ]
                 s = stats[True][-1]
                 row.update(
                     drafted=s.spec_drafted,
