@@ -35,7 +35,15 @@ from .fit import llama_buffers
 from .fit import report as fit_report
 from .chat_template import ChatMessage, ChatTemplateError
 from .checkpoints import Checkpoints
-from .events import EngineEvent, ModelLoaded, ModelLoading, ResumePreview, TurnDone, TurnFailed
+from .events import (
+    EngineEvent,
+    ModelLoaded,
+    ModelLoading,
+    ResumePreview,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+)
 from .api import EngineFacts
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from . import gguf_file, llama_log
@@ -323,14 +331,19 @@ class Engine(EngineFacts):
                 self._checkpoints.close()
             self._checkpoints = saved
 
-    def complete(self, messages: Sequence[ChatMessage], **kwargs: Any) -> TurnDone:
-        """Run a turn to its end and return its `TurnDone` (TurnFailed raises RuntimeError)."""
+    def complete(
+        self, messages: Sequence[ChatMessage], *, deltas: list[TokenDelta] | None = None, **kwargs: Any
+    ) -> TurnDone:
+        """Run a turn to its end and return its `TurnDone` (TurnFailed raises RuntimeError).
+        `deltas`: a list that receives each `TokenDelta` (`bench --spec` times every token)."""
         with self.turn(messages, **kwargs) as turn:
             for event in turn:
                 if isinstance(event, TurnDone):
                     return event
                 if isinstance(event, TurnFailed):
                     raise RuntimeError(event.reason)
+                if deltas is not None and isinstance(event, TokenDelta):
+                    deltas.append(event)
         raise RuntimeError("the turn ended without TurnDone")
 
     def reset(self) -> None:

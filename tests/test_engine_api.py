@@ -107,8 +107,11 @@ def test_apply_takes_checkpoint_and_sampling_settings_at_once_and_keeps_the_cont
         )
         engine.apply(off)
         engine.reset()
-        done = engine.complete(messages)
+        deltas: list = []
+        done = engine.complete(messages, deltas=deltas)
         assert done.stats.checkpoint["saved"] == [] and done.stats.decode_tokens <= 3
+        # `deltas` receives every token of the turn, in order
+        assert len(deltas) == done.stats.decode_tokens and "".join(d.text for d in deltas) == done.text
         assert engine.profile.context == base.context and engine.info.n_ctx == 2048
         engine.apply(base)
         engine.reset()

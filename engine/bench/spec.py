@@ -21,7 +21,7 @@ from typing import Any
 
 from ..chat_template import ChatMessage
 from ..engine import Engine, PromptTooLong
-from ..events import TokenDelta, TurnDone, TurnFailed, TurnStats
+from ..events import TokenDelta, TurnDone, TurnStats
 from ..live_sequence import common_prefix
 from .spec_source import CopyEditSource, colorsys_source
 
@@ -62,20 +62,10 @@ class TokenTimes:
 
 
 def timed_reply(engine: Engine, messages: list[ChatMessage], max_tokens: int) -> tuple[TurnDone, TokenTimes]:
-    """Run a turn to its end; its `TurnDone` and each token's time (`Engine.complete` keeps
-    only the stats). Raises RuntimeError on a failed turn."""
-    ids: list[int] = []
-    times: list[float] = []
-    with engine.turn(messages, max_tokens=max_tokens) as turn:
-        for event in turn:
-            if isinstance(event, TokenDelta):
-                ids.append(event.token_id)
-                times.append(event.t)
-            elif isinstance(event, TurnDone):
-                return event, TokenTimes(ids, times)
-            elif isinstance(event, TurnFailed):
-                raise RuntimeError(event.reason)
-    raise RuntimeError("the turn ended without TurnDone")
+    """Run a turn to its end; its `TurnDone` and each token's time."""
+    deltas: list[TokenDelta] = []
+    done = engine.complete(messages, max_tokens=max_tokens, deltas=deltas)
+    return done, TokenTimes([d.token_id for d in deltas], [d.t for d in deltas])
 
 
 def shared_rates(off: list[TokenTimes], on: list[TokenTimes]) -> dict[str, Any]:
