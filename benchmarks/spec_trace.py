@@ -82,16 +82,9 @@ def _turn(
     with_speculation(engine, enabled)
     _Traced.rows, _Traced.drafting = [], drafting
     engine.reset()
-    texts: list[str] = []
-    done = None
-    with engine.turn(workloads()[name], max_tokens=tokens) as turn:
-        for event in turn:
-            if isinstance(event, TokenDelta):
-                texts.append(event.reasoning + event.text)
-            elif isinstance(event, TurnDone):
-                done = event
-    assert done is not None
-    return done, list(_Traced.rows), texts
+    deltas: list[TokenDelta] = []
+    done = engine.complete(workloads()[name], max_tokens=tokens, deltas=deltas)
+    return done, list(_Traced.rows), [d.reasoning + d.text for d in deltas]
 
 
 def main() -> None:
@@ -115,6 +108,9 @@ def main() -> None:
             rates["plain-stepper"].append(done_ps.stats.decode_tok_s)
             done_on, rows, texts = _turn(engine, args.workload, args.tokens, True, True)
             rates["on"].append(done_on.stats.decode_tok_s)
+        mode = engine.speculation_if_enabled
+    if not any(r["kind"] == "plain" for r in rows_ps):
+        raise SystemExit(f"spec_trace: the stepper never ran with this model and profile: {mode}")
     step = statistics.median(r["s"] for r in rows_ps if r["kind"] == "plain")
     out["one_step_ms"] = round(step * 1000, 4)
     out["rates"] = {k: [round(v, 1) for v in vs] for k, vs in rates.items()}
