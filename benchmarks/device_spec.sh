@@ -38,6 +38,9 @@
 # SPEC_STALE_AB=1 runs each bench again right after it with stale graphs not priced
 # (benchmarks/cli_stale_unpriced.py, labelled "-unpriced"): the stepper before and after
 # `CostModel.stale`, side by side.
+# SPEC_COSTS_AB=1 runs each bench again right after it with the cost model learnt again in each
+# turn (benchmarks/cli_costs_per_turn.py, labelled "-perturn"): the context's kept costs against
+# a turn's own, side by side.
 # SPEC_FILES="A.py B.py ...": SmolLM2's `on` profile again for each file, as the copy-edit
 # workload (`bench --spec --spec-file`; the rename is the one bench picks). SPEC_TESTS=0 skips
 # the tests (a warm call that only benchmarks).
@@ -170,6 +173,9 @@ if "cost_on_prefill_threads" in s:
 PY
   if [ "${SPEC_STALE_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, stale graphs not priced
     CLI=benchmarks/cli_stale_unpriced.py bench "$1-unpriced" "${@:2}"
+  fi
+  if [ "${SPEC_COSTS_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, costs learnt per turn
+    CLI=benchmarks/cli_costs_per_turn.py bench "$1-perturn" "${@:2}"
   fi
 }
 

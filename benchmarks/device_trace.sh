@@ -10,7 +10,8 @@
 # $OUT/trace-<workload>.json: spec_trace.py's object, with each kind of step's CUDA graph counts
 # (`cuda_graph_changed`: steps run eagerly because their rebuilt graph differed from the captured
 # one). TRACE_TOKENS (512), TRACE_REPEATS (2), TRACE_KEY_SHAPE (the per-shape CUDA graph key,
-# GGML_CUDA_GRAPH_KEY_SHAPE, default 1).
+# GGML_CUDA_GRAPH_KEY_SHAPE, default 1), TRACE_BEFORE (a workload run once first, untraced:
+# spec_trace.py's --before).
 set -u
 model=${1:?usage: device_trace.sh MODEL_GGUF [WORKLOAD ...]}; shift
 workloads=${*:-copy-edit}
@@ -21,6 +22,6 @@ printf '[model]\nn_gpu_layers = -1\n[context]\nn_ctx = 4096\nn_threads = 1\nflas
   > "$VELO_CHAT_HOME/config/profiles/gpu-spec.toml"
 for w in $workloads; do
   timeout 240 python3 benchmarks/spec_trace.py --model "$model" --profile gpu-spec --workload "$w" \
-    --tokens "${TRACE_TOKENS:-512}" --repeats "${TRACE_REPEATS:-2}" > "$out/trace-$w.json" 2> "$out/trace-$w.err"
+    --tokens "${TRACE_TOKENS:-512}" --repeats "${TRACE_REPEATS:-2}" ${TRACE_BEFORE:+--before "$TRACE_BEFORE"} > "$out/trace-$w.json" 2> "$out/trace-$w.err"
   echo "== $w rc=$?"; python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({k: d[k] for k in ('one_step_ms','rates','identical','on','on_total_in_steps','plain_stepper_total_in_steps')}))" "$out/trace-$w.json"
 done

@@ -37,6 +37,7 @@ from velo_chat.engine.config.profile_schema import SpeculationSettings
 from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta
+from velo_chat.engine.spec_cost import CostModel
 from velo_chat.engine.speculation import SpecStepper
 
 Table = dict[int, float]
@@ -87,8 +88,8 @@ class RecordedLive:
         self.n_ctx = prompt + len(reply) + max_draft + 8
         self.max_draft = max_draft
         self.verified_sizes: set[int] = set(range(1, max_draft + 2)) if warm else set()
-        self.stale_steps: float | None = None  # the tables price a batch by size and switch only:
-        # no call's graph is stale here (`graph_stale`)
+        self.spec_costs: CostModel | None = None  # a run is one turn of a fresh context; the
+        # tables price a batch by size and switch only: no call's graph is stale (`graph_stale`)
         self.now = 0.0
         self._last = 1
         self._base = 0

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from velo_chat.engine.config.profile_schema import SpeculationSettings
 from velo_chat.engine.live_sequence import LiveSequence
+from velo_chat.engine.spec_cost import CostModel
 from velo_chat.engine.speculation import SpecStepper
 
 
@@ -39,7 +40,7 @@ class _StandIn:
         self._windows: dict[int, int] = {}
         self._last_window = 1 << 30
         self.verified_sizes: set[int] = set()
-        self.stale_steps: float | None = None
+        self.spec_costs: CostModel | None = None
 
     def __len__(self) -> int:
         return len(self._tokens)

@@ -1,7 +1,7 @@
 """Where a speculative turn's time goes, step by step.
 
     python benchmarks/spec_trace.py --model M.gguf --profile NAME [--workload copy-edit|novel]
-        [--tokens 512] [--repeats 2] [--show-text]
+        [--tokens 512] [--repeats 2] [--show-text] [--before copy-edit]
 
 Runs `bench --spec`'s workload with the profile's speculation (it must be enabled), timing every
 `SpecStepper.step` (a plain step or a verify batch, with the stepper's own Python), and the same
@@ -11,6 +11,10 @@ JSON object: per kind of step (plain with no draft, plain with a draft declined,
 plain step right after a verify) the count and time in one-token steps; the turn's decode rate
 each way; and with `--show-text` the reply with the tokens of plain steps in brackets (where a
 copy stops being drafted). A diagnosis tool: `bench --spec` says how much, this says where.
+`--before W` first runs workload W once with speculation on, untraced, so the traced turns meet
+the verify graphs another part of the context left (stale on a GPU, as in a session whose
+earlier turns drafted at other lengths of context); with `--repeats 1` the trace is then a
+context's first speculative turn of the workload, the one `bench --spec` finds slowest.
 
 On a CUDA build each kind also counts what ggml-cuda's debug log says it did with the step's
 CUDA graph (`cuda_graph`): `reused` (llama.cpp reused its graph, so the captured CUDA graph was
@@ -95,12 +99,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--show-text", action="store_true")
+    ap.add_argument("--before", choices=sorted(workloads()), help="a workload to run once first, untraced")
     args = ap.parse_args()
     turn_runner.SpecStepper = _Traced  # type: ignore[misc]
     rates: dict[str, list[float]] = {"off": [], "plain-stepper": [], "on": []}
     out: dict[str, Any] = {"workload": args.workload}
     with Engine(load_profile(args.profile), model_path=args.model) as engine:
         engine.load()
+        if args.before:
+            _turn(engine, args.before, max(args.tokens, 2048), True, True)
         for _ in range(args.repeats):
             done_off, _, _ = _turn(engine, args.workload, args.tokens, False, False)
             rates["off"].append(done_off.stats.decode_tok_s)

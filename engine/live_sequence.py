@@ -30,6 +30,7 @@ import numpy as np
 from .checkpoints import Candidate, Checkpoints
 from .llama_context import DecodeError, LlamaContext, Perf
 from .sampling import Sampler
+from .spec_cost import CostModel
 
 RESTORE_MIN_GAIN = 32
 """Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
@@ -79,9 +80,9 @@ class LiveSequence:
         # (`graph_stale`); a size not here has not run in this context
         self._windows: dict[int, int] = {}
         self._last_window = -(-ctx.n_ctx // KV_WINDOW)  # the cache's own end (n_kv's cap)
-        # what a call whose graph is stale costs more, in one-token steps, as the speculation
-        # stepper last timed it (None: not yet); kept with the context, which keeps the graphs
-        self.stale_steps: float | None = None
+        # what the speculation stepper timed its calls at (None: no speculative turn yet): kept
+        # with the context, which keeps the graphs and buffers those costs are of
+        self.spec_costs: CostModel | None = None
 
     # -- reading ----------------------------------------------------------------------------
 

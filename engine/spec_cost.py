@@ -97,7 +97,17 @@ class CostModel:
     that are stale (they are left out of the one-token time, which one such step used to lift
     by half for the next few steps); a stale batch is priced `stale` more instead of a new
     graph's `rebuild`, and its own cost is what is left of its time after it. On a CPU a stale
-    step costs a graph build, a fraction of a step."""
+    step costs a graph build, a fraction of a step.
+
+    **Across turns.** The context keeps its cost model (`LiveSequence.spec_costs`): a turn
+    starts from what earlier turns timed (`begin_turn`), not from the prior, so its first draft
+    is priced with the new graphs it builds (on an H200 a novel turn's first drafts, priced by
+    the prior alone, were its costliest steps). What an earlier turn timed is carried, not
+    trusted: a turn's first timing of a size, and its first timing of a new graph, replace the
+    carried value outright (a cost timed high once, on a busy machine, would otherwise move
+    back only a fifth of the way a sample and price drafts out for turns), and where the carried
+    costs decline a run of drafts that were right, the stepper verifies one anyway so that it is
+    timed again (`speculation.EXPLORE_STREAK`)."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2, stale: float | None = None) -> None:
         self.prior = slope
@@ -109,7 +119,7 @@ class CostModel:
         self._top = 0  # the largest size measured
         self.rebuild = 0.0  # what a call of a new shape costs more, in one-token steps
         # what a call whose graph is stale costs more, in one-token steps (None: not timed yet;
-        # the context keeps what earlier turns timed: `LiveSequence.stale_steps`)
+        # a context keeps its cost model, this with it: `LiveSequence.spec_costs`)
         self.stale = stale
         # until `rebuild` is first timed: the sizes timed only after another size (their cost
         # holds a new graph's); None afterwards
@@ -122,6 +132,30 @@ class CostModel:
         self._probe: dict[int, float] = {}  # a size to try inside a step's stretch -> its price
         self.probes = 0  # sizes first timed as such a try
         self.last = 0  # the size of the previous call (0: none yet; the prefill's shape)
+        self._carried: set[int] = set()  # sizes whose cost an earlier turn timed, not this one
+        self._rebuild_carried = False  # `rebuild` is an earlier turn's, not timed in this one
+
+    def begin_turn(self, prior: float) -> None:
+        """Start a turn in the context that timed these costs: the one-token time is timed
+        again (the context has grown), every size's cost and `rebuild` are kept as the turn's
+        first prices, each until the turn times it once (then that timing replaces it), and
+        `prior` (the profile's `batch_cost_prior`, which a settings change may have moved)
+        prices the sizes not timed yet."""
+        self.prior = prior
+        self._one, self._steady, self.last, self.probes = None, False, 0, 0
+        self._carried = set(self.measured)
+        self._reused = set()
+        if self._switched_only is None:  # timed: priced as it was until the turn times it
+            self._rebuild_carried, self._switched_only = True, set()
+        if self.measured:
+            self._fit()
+        else:
+            self._line, self._cheapest = (1.0 - prior, prior), 1.0 + prior
+
+    @property
+    def carried(self) -> bool:
+        """Whether some cost the turn prices with is an earlier turn's, not timed in this one."""
+        return bool(self._carried) or self._rebuild_carried
 
     @property
     def step_seconds(self) -> float | None:
@@ -151,16 +185,21 @@ class CostModel:
                 r = min(max(seconds / self._one - 1.0, 0.0), MAX_REBUILD_SAMPLE)
                 if self._switched_only is None:
                     self.rebuild += self.alpha * (r - self.rebuild)
-                else:  # the first: take it out of the sizes timed only after another size
+                else:  # the turn's first (an earlier turn's is replaced): take it out of the
+                    # sizes timed only after another size
                     self.rebuild, sizes, self._switched_only = r, self._switched_only, None
+                    self._rebuild_carried = False
                     for size in sizes:
                         self.measured[size] = max(self.measured[size] - r, 0.5)
                     if sizes:
                         self._fit()
         elif self._one:
             pending = self._switched_only
+            # until the turn times a new graph, a batch after another size keeps that graph's
+            # cost in its own, taken out once timed (a carried `rebuild` prices, not this)
+            rebuild = 0.0 if pending is not None else self.rebuild
             if stale:  # built anew and captured again: what is left after `stale` is its own
-                self._batch(n, seconds / self._one - max(self.stale or 0.0, self.rebuild))
+                self._batch(n, seconds / self._one - max(self.stale or 0.0, rebuild))
                 if pending is not None and n not in self._reused:
                     pending.add(n)
             elif n == prev:
@@ -168,7 +207,7 @@ class CostModel:
                 if pending is not None:
                     pending.discard(n)
             else:
-                self._batch(n, seconds / self._one - self.rebuild)
+                self._batch(n, seconds / self._one - rebuild)
                 if pending is not None and n not in self._reused:
                     pending.add(n)
             if n == prev:
@@ -177,6 +216,9 @@ class CostModel:
     def _batch(self, n: int, relative: float) -> None:
         r = min(max(relative, 0.5), 1.0 + MAX_SLOPE_SAMPLE * (n - 1))
         old = self.measured.get(n)
+        if n in self._carried:  # an earlier turn's: this turn's first timing replaces it
+            self._carried.discard(n)
+            old = None
         if old is None and n in self._probe:
             self.probes += 1
         if old is None:  # one sample: priced no dearer than the prior until a second one

@@ -187,6 +187,18 @@ right guesses in a row are not a copy, stops asking)."""
 MAX_GUARD_STREAK = 32
 """The longest run of right drafts not taken that a stopped turn waits for."""
 
+EXPLORE_STREAK = 12
+"""A run of this many plain steps in a row whose draft, declined by the cost model, would have
+been right makes the stepper verify the draft anyway while its costs are an earlier turn's
+(`CostModel.carried`): a cost timed too high once is otherwise never timed again, since nothing
+is verified while it prices every draft out. A copy meets such a run within a few lines; novel
+text seldom does (runs of 4 were common there on an H200, and the drafts after them wrong).
+After a try whose draft was not accepted whole the stepper waits twice as long, up to
+`MAX_EXPLORE_STREAK`."""
+
+MAX_EXPLORE_STREAK = 64
+"""The longest run of right drafts declined that a turn waits for before such a try."""
+
 
 @dataclass
 class SpecCounters:
@@ -233,7 +245,12 @@ class SpecStepper:
         self.k_max = min(settings.max_draft, live.max_draft)
         self.index = NgramIndex(settings.min_match)
         self.index.extend(session)
-        self.cost = CostModel(slope=settings.batch_cost_prior, stale=live.stale_steps)
+        # the context keeps its cost model across turns (`CostModel.begin_turn`)
+        if live.spec_costs is None:
+            live.spec_costs = CostModel(slope=settings.batch_cost_prior)
+        else:
+            live.spec_costs.begin_turn(settings.batch_cost_prior)
+        self.cost = live.spec_costs
         self.acceptance = Acceptance()
         self.counters = SpecCounters()
         self._rejected = 0  # rejected drafts of the last verify batch, still in the context
@@ -244,6 +261,7 @@ class SpecStepper:
         self._guarded = False  # drafting stopped: the verify batches lost `GUARD_STEPS`
         self._right = 0  # plain steps in a row whose draft, not taken, would have been right
         self._streak = GUARD_STREAK  # such steps that lift a stop
+        self._explore = EXPLORE_STREAK  # such steps, declined, that make a draft verified anyway
         self.clock = time.perf_counter  # what times the steps (a test's virtual clock)
 
     def _plain(self, token: int) -> list[int]:
@@ -255,8 +273,6 @@ class SpecStepper:
         seconds = self.clock() - t0
         step = self.cost.step_seconds
         self.cost.record(1, seconds, stale)
-        if stale:  # the context keeps what a stale graph costs for the turns after this one
-            self.live.stale_steps = self.cost.stale
         if after_verify and step:  # the one-token graph built anew: the verify run's cost
             self._account(1.0 - seconds / step)
             total, count = self.counters.after_verify_steps
@@ -275,7 +291,7 @@ class SpecStepper:
         if k_cap <= 0:
             return self._plain(token)
         draft, length = self.index.draft(k_cap)
-        k = 0
+        k, explore = 0, False
         if draft and self._skip == 0 and (not self._guarded or self._right >= self._streak):
             gain = 1.0 + self.settings.min_gain
             k = best_draft_length(
@@ -287,6 +303,10 @@ class SpecStepper:
                 prev=self.cost.last,
                 stale=self.live.graph_stale,
             )
+            if k == 0 and self._right >= self._explore and self.cost.carried:
+                # declined at costs an earlier turn timed, after a run of right drafts: verify
+                # it anyway, so that they are timed again (`EXPLORE_STREAK`)
+                k, explore = min(len(draft), k_cap), True
         if k == 0:
             self._skip = max(self._skip - 1, 0)
             plain = self._plain(token)
@@ -335,6 +355,8 @@ class SpecStepper:
         c.rounds += 1
         c.decode_calls += 1
         self.acceptance.update(length, d, accepted)
+        if explore and accepted < d:
+            self._explore = min(self._explore * 2, MAX_EXPLORE_STREAK)
         if accepted == 0:  # back off: a few plain steps, more after each miss in a row
             self._skip, self._backoff = self._backoff, min(self._backoff * 2, 64)
         else:

@@ -10,13 +10,13 @@ too dear, and the reply must stay the plain one."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.support.spec_helpers import (
     PROSE,
+    Clocked,
     oracle_session,
     run_turn,
     same_reply,
@@ -28,37 +28,13 @@ from velo_chat.engine.spec_cost import CostModel
 from velo_chat.engine.speculation import SpecStepper
 
 
-class _Clocked:
-    """The live sequence as the stepper sees it, advancing a virtual clock by one unit per
-    one-token step, by `verify` units per verify batch, and by `first` units for the context's
-    first batch of each size (when given)."""
-
-    def __init__(self, live, verify: float, first: float | None = None) -> None:
-        self._live, self._verify, self._first, self.now = live, verify, first, 0.0
-
-    def __getattr__(self, name: str):
-        return getattr(self._live, name)
-
-    def __len__(self) -> int:
-        return len(self._live)
-
-    def append(self, token: int) -> None:
-        self.now += 1.0
-        self._live.append(token)
-
-    def verify(self, tokens: Sequence[int]) -> None:
-        new = len(tokens) not in self._live.verified_sizes
-        self.now += self._first if new and self._first is not None else self._verify
-        self._live.verify(tokens)
-
-
 def _stepper(
     monkeypatch: pytest.MonkeyPatch, oracle: list[int], verify: float, first: float | None = None
 ) -> None:
     class Timed(SpecStepper):
         def __init__(self, live, sampler, settings, session):
             super().__init__(live, sampler, settings, [*oracle, *session])
-            self.live = clocked = _Clocked(live, verify, first)
+            self.live = clocked = Clocked(live, verify, first)
             self.clock = lambda: clocked.now
             if first is not None:
                 return  # the cost model as shipped, timed by the virtual clock

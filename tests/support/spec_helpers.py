@@ -134,3 +134,27 @@ def follow_up(plain: Engine, spec: Engine, follow: Sequence[ChatMessage], n: int
 
 def corrupt(reply: Sequence[int], every: int) -> list[int]:
     return [(t + 1) % 1000 if i % every == every - 1 else t for i, t in enumerate(reply)]
+
+
+class Clocked:
+    """The live sequence as the stepper sees it, advancing a virtual clock by one unit per
+    one-token step, by `verify` units per verify batch, and by `first` units for the context's
+    first batch of each size (when given)."""
+
+    def __init__(self, live, verify: float, first: float | None = None) -> None:
+        self._live, self._verify, self._first, self.now = live, verify, first, 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self._live, name)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def append(self, token: int) -> None:
+        self.now += 1.0
+        self._live.append(token)
+
+    def verify(self, tokens: Sequence[int]) -> None:
+        new = len(tokens) not in self._live.verified_sizes
+        self.now += self._first if new and self._first is not None else self._verify
+        self._live.verify(tokens)
