@@ -25,6 +25,8 @@
 #   step is SPEC_SNAPSHOTS=1's side-by-side measurement, in one process)
 #   on-nowarm  `on` with speculation.warm_up = false: every verify size's kernels and CUDA
 #           graph made in the turns, not at load
+#   on-perturn `on` with speculation.keep_costs = "off": the cost model learnt again in each turn
+#           (`on` keeps it across turns, as "auto" does with layers on a GPU)
 # `bench --spec` rows: copy-edit and novel (real turns, off and on alternately), replay (the
 # novel prompt's reply decoded again with that reply in the draft source: the best case on this
 # backend, meaningful with random weights too), the verify-batch cost against one token, and the
@@ -38,9 +40,6 @@
 # SPEC_STALE_AB=1 runs each bench again right after it with stale graphs not priced
 # (benchmarks/cli_stale_unpriced.py, labelled "-unpriced"): the stepper before and after
 # `CostModel.stale`, side by side.
-# SPEC_COSTS_AB=1 runs each bench again right after it with the cost model learnt again in each
-# turn (benchmarks/cli_costs_per_turn.py, labelled "-perturn"): the context's kept costs against
-# a turn's own, side by side.
 # SPEC_FILES="A.py B.py ...": SmolLM2's `on` profile again for each file, as the copy-edit
 # workload (`bench --spec --spec-file`; the rename is the one bench picks). SPEC_TESTS=0 skips
 # the tests (a warm call that only benchmarks).
@@ -97,6 +96,8 @@ for m in tiny smol; do
   profile $m-on-md4 '"auto"' true $p 0.8 4; profile $m-on-md8 '"auto"' true $p 0.8 8
   profile $m-on-md7 '"auto"' true $p 0.8 7
   profile $m-on-nowarm '"auto"' true $p 0.8 "" false
+  profile $m-on-perturn '"auto"' true $p 0.8
+  printf 'keep_costs = "off"\n' >> "$home/config/profiles/$m-on-perturn.toml"
 done
 
 # -- the tests with every layer on the GPU (SmolLM2's only when it is given) ----------------------
@@ -173,9 +174,6 @@ if "cost_on_prefill_threads" in s:
 PY
   if [ "${SPEC_STALE_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, stale graphs not priced
     CLI=benchmarks/cli_stale_unpriced.py bench "$1-unpriced" "${@:2}"
-  fi
-  if [ "${SPEC_COSTS_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, costs learnt per turn
-    CLI=benchmarks/cli_costs_per_turn.py bench "$1-perturn" "${@:2}"
   fi
 }
 

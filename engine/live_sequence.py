@@ -67,10 +67,11 @@ class StartPoint:
 class LiveSequence:
     """The context's token sequence. Not thread-safe (the engine is used one call at a time)."""
 
-    def __init__(self, ctx: LlamaContext, *, hybrid: bool) -> None:
+    def __init__(self, ctx: LlamaContext, *, hybrid: bool, gpu: bool = False) -> None:
         self._ctx = ctx
         self._tokens: list[int] = []
         self.hybrid = hybrid
+        self.gpu = gpu  # the model's layers run on a GPU (what a verify batch costs follows)
         self._rollable = 0  # tokens a hybrid model can still roll back (of its last batch)
         # verify batch sizes this context has decoded: the first batch of a size builds what
         # the backend keeps for that shape (a CUDA graph captured, buffers), which later ones

@@ -100,14 +100,18 @@ class CostModel:
     step costs a graph build, a fraction of a step.
 
     **Across turns.** The context keeps its cost model (`LiveSequence.spec_costs`): a turn
-    starts from what earlier turns timed (`begin_turn`), not from the prior, so its first draft
-    is priced with the new graphs it builds (on an H200 a novel turn's first drafts, priced by
-    the prior alone, were its costliest steps). What an earlier turn timed is carried, not
-    trusted: a turn's first timing of a size, and its first timing of a new graph, replace the
-    carried value outright (a cost timed high once, on a busy machine, would otherwise move
-    back only a fifth of the way a sample and price drafts out for turns), and where the carried
-    costs decline a run of drafts that were right, the stepper verifies one anyway so that it is
-    timed again (`speculation.EXPLORE_STREAK`)."""
+    starts from what earlier turns timed (`begin_turn`), not from the prior alone, so its
+    first draft is priced with the new graphs it builds (on an H200 a novel turn's first drafts,
+    priced by the prior alone, were its costliest steps). What an earlier turn timed is carried,
+    not trusted. A carried size is priced no dearer than the prior: a batch's cost relative to
+    a one-token step depends on the context's length (on a CPU a verify row's attention walks
+    the whole cache), so a size timed in a long turn would overprice it in a short one (measured:
+    a CPU's replay after copy-edit drafted 3.0 tokens a call instead of 8.0). A turn's first
+    timing of a size, and its first timing of a new graph, replace the carried value outright
+    (a cost timed high once, on a busy machine, would otherwise move back only a fifth of the
+    way a sample). And where the carried costs decline a run of drafts that were right, the
+    stepper verifies one anyway so that it is timed again (`speculation.EXPLORE_STREAK`): a
+    new graph's cost is not capped by any prior."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2, stale: float | None = None) -> None:
         self.prior = slope
@@ -232,10 +236,8 @@ class CostModel:
         self._fit()
 
     def _fit(self) -> None:
-        pts = {
-            n: min(r, 1.0 + self.prior * (n - 1)) if n in self._single else r
-            for n, r in self.measured.items()
-        }
+        capped = self._single | self._carried  # priced no dearer than the prior
+        pts = {n: min(r, 1.0 + self.prior * (n - 1)) if n in capped else r for n, r in self.measured.items()}
         self._priced = pts
         self._top = max(pts)
         self._cheapest = min(1.0, *pts.values())

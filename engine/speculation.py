@@ -172,6 +172,23 @@ def mode_if_enabled(settings: SpeculationSettings, rounding: str, *, needs_reloa
     return words
 
 
+def keeps_costs(settings: SpeculationSettings, gpu: bool) -> bool:
+    """Whether a context carries its cost model from one turn to the next (`keep_costs`;
+    "auto": with layers on a GPU, `gpu`)."""
+    return settings.keep_costs == "on" or (settings.keep_costs == "auto" and gpu)
+
+
+def turn_costs(live: LiveSequence, settings: SpeculationSettings) -> CostModel:
+    """The cost model a turn starts from: the context's, carried (`CostModel.begin_turn`),
+    where `keeps_costs`; otherwise a new one, with only what a stale graph costs kept (the
+    plain steps time that again every 256 tokens)."""
+    kept = live.spec_costs
+    if kept is not None and keeps_costs(settings, live.gpu):
+        kept.begin_turn(settings.batch_cost_prior)
+        return kept
+    return CostModel(slope=settings.batch_cost_prior, stale=kept.stale if kept else None)
+
+
 GUARD_STEPS = 3.0
 """How many one-token steps a turn's verify batches may lose against plain decoding, net,
 before drafting stops (`SpecStepper`): the cost model prices a draft from what it has timed,
@@ -245,12 +262,7 @@ class SpecStepper:
         self.k_max = min(settings.max_draft, live.max_draft)
         self.index = NgramIndex(settings.min_match)
         self.index.extend(session)
-        # the context keeps its cost model across turns (`CostModel.begin_turn`)
-        if live.spec_costs is None:
-            live.spec_costs = CostModel(slope=settings.batch_cost_prior)
-        else:
-            live.spec_costs.begin_turn(settings.batch_cost_prior)
-        self.cost = live.spec_costs
+        self.cost = live.spec_costs = turn_costs(live, settings)
         self.acceptance = Acceptance()
         self.counters = SpecCounters()
         self._rejected = 0  # rejected drafts of the last verify batch, still in the context

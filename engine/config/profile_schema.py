@@ -332,13 +332,25 @@ class SpeculationSettings:
     batch_cost_prior: float = setting(
         0.8,
         "What each extra token of a verify batch is assumed to cost, as a fraction of a "
-        "one-token step, until batches have been timed in the turn (then the measured value "
-        "is used, with what a new graph costs when the batch size changes): about 0.05-0.2 on "
+        "one-token step, until the context has timed batches (then the measured values are "
+        "used, kept across turns, with what a new graph costs when the batch size changes): "
+        "about 0.05-0.2 on "
         "a GPU; on a CPU about 0.25 for weights it multiplies a batch at once (Q8_0, Q4_0), "
         "0.6-0.9 for those it takes a token at a time (Q4_1). Set too high, a turn declines "
         "short drafts that would pay and so never times one.",
         min=0.0,
         max=2.0,
+    )
+    keep_costs: str = setting(
+        "auto",
+        "Keep what verify batches and new graphs were timed at from one turn to the next, so "
+        "a turn's first drafts are priced from measurements instead of `batch_cost_prior` "
+        "(a turn still times them again, and a cost it carries is never dearer than the prior). "
+        "auto: only with layers on a GPU, where a batch costs about the same at any context "
+        "length and a new graph is the largest cost (an H200 replaying a reply: 1.6-2.8x "
+        "against 1.07-1.09x learnt per turn); on a CPU a verify row's attention grows with the "
+        "context, so costs timed in one turn misprice the next (measured: 4-11% slower).",
+        choices=("auto", "on", "off"),
     )
     warm_up: bool = setting(
         True,
