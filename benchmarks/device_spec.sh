@@ -106,13 +106,14 @@ export VELO_TEST_CACHE=$home/test-data
 mkdir -p "$VELO_TEST_CACHE"
 select="qwen or hybrid or exactness or ngram or draft_length or speculative_sampling or replay"
 select="$select or cost_model or decode_threads or bench_spec or warm_up_leaves"
+select="$select or starts_from or carried_cost or begin_turn"
 if [ -n "$smol" ] && [ -f "$smol" ]; then
   ln -sf "$(cd "$(dirname "$smol")" && pwd)/$(basename "$smol")" \
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
   select=""
 fi
 [ "${SPEC_TESTS:-1}" = 1 ] && timeout 150 "$py" -m pytest -q -p no:cacheprovider -p no:randomly tests/test_speculation.py tests/test_spec_guard.py \
-  tests/test_spec_warm_up.py \
+  tests/test_spec_warm_up.py tests/test_spec_carried_costs.py \
   ${select:+-k "$select"} > "$out/tests.log" 2>&1
 [ "${SPEC_TESTS:-1}" = 1 ] && say "tests ($( [ -n "$select" ] && echo "without SmolLM2" || echo "all")): $(tail -1 "$out/tests.log")"
 

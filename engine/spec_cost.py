@@ -99,8 +99,9 @@ class CostModel:
     graph's `rebuild`, and its own cost is what is left of its time after it. On a CPU a stale
     step costs a graph build, a fraction of a step.
 
-    **Across turns.** The context keeps its cost model (`LiveSequence.spec_costs`): a turn
-    starts from what earlier turns timed (`begin_turn`), not from the prior alone, so its
+    **Across turns.** Where `speculation.keep_costs` says so (by default with layers on a GPU:
+    `speculation.turn_costs`), the context keeps its cost model (`LiveSequence.spec_costs`): a
+    turn starts from what earlier turns timed (`begin_turn`), not from the prior alone, so its
     first draft is priced with the new graphs it builds (on an H200 a novel turn's first drafts,
     priced by the prior alone, were its costliest steps). What an earlier turn timed is carried,
     not trusted. A carried size is priced no dearer than the prior: a batch's cost relative to
@@ -141,10 +142,10 @@ class CostModel:
 
     def begin_turn(self, prior: float) -> None:
         """Start a turn in the context that timed these costs: the one-token time is timed
-        again (the context has grown), every size's cost and `rebuild` are kept as the turn's
-        first prices, each until the turn times it once (then that timing replaces it), and
-        `prior` (the profile's `batch_cost_prior`, which a settings change may have moved)
-        prices the sizes not timed yet."""
+        again (the context has grown); every size's cost (no dearer than the prior) and
+        `rebuild` are the turn's first prices, each until the turn times it once (then that
+        timing replaces it); and `prior` (the profile's `batch_cost_prior`, which a settings
+        change may have moved) prices the sizes not timed yet."""
         self.prior = prior
         self._one, self._steady, self.last, self.probes = None, False, 0, 0
         self._carried = set(self.measured)

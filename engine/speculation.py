@@ -26,8 +26,9 @@ Why the output is unchanged (docs/speculation.md):
 
 Cost control: drafting only pays where a batch of n tokens costs less than n one-token steps
 times the tokens it is expected to yield. The stepper keeps the measured time of each batch size,
-what a new graph costs when the batch size changes (on a GPU the largest cost), and an
-acceptance estimate per match length, drafts the length with the best expected tokens per unit
+what a new graph costs when the batch size changes (on a GPU the largest cost; with layers
+on a GPU these are kept from turn to turn: `turn_costs`), and an acceptance estimate per
+match length, drafts the length with the best expected tokens per unit
 of time (padding a short draft to the last batch's size where that graph is cheaper to reuse),
 and does not draft at all when none beats a plain step (novel text). Whatever the cost model
 gets wrong, a guard books each verify batch against plain decoding and stops drafting for the

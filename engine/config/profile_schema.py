@@ -332,9 +332,9 @@ class SpeculationSettings:
     batch_cost_prior: float = setting(
         0.8,
         "What each extra token of a verify batch is assumed to cost, as a fraction of a "
-        "one-token step, until the context has timed batches (then the measured values are "
-        "used, kept across turns, with what a new graph costs when the batch size changes): "
-        "about 0.05-0.2 on "
+        "one-token step, until batches have been timed in the turn, or in earlier turns where "
+        "`keep_costs` keeps them (then the measured values are used, with what a new graph "
+        "costs when the batch size changes): about 0.05-0.2 on "
         "a GPU; on a CPU about 0.25 for weights it multiplies a batch at once (Q8_0, Q4_0), "
         "0.6-0.9 for those it takes a token at a time (Q4_1). Set too high, a turn declines "
         "short drafts that would pay and so never times one.",
