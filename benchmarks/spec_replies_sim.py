@@ -1,7 +1,8 @@
 """The shipped speculation stepper on real replies, timed with a measured cost table.
 
     python benchmarks/spec_replies_sim.py [--tokens 512] [--costs h200-smollm2 | BENCH.json]
-        [--spec-file FILE] [--profile NAME] [--model PATH] [--json]
+        [--spec-file FILE] [--novel-file FILE ...] [--keep-costs] [--profile NAME]
+        [--model PATH] [--json]
 
 What would speculation do with these replies on a backend we cannot run now (the H200, a
 Spark)? The model decodes `bench --spec`'s prompts plainly on this machine (greedy, end of
@@ -16,6 +17,12 @@ speedup over plain one-token steps, what was drafted and accepted, the batches, 
 the verify batches gained or lost: what the shipped rule decides with these texts on that
 backend. A simulation, not a measurement: the table is the only thing measured on the other
 backend, and its time is charged as it was measured there.
+
+`--novel-file FILE`: also a row whose reply is that file's code (400 tokens from its first
+`def`) after the novel prompt, the file not in the session: new code as a model might write it,
+where only the code's own repeats can be drafted. `--keep-costs`: the rows run as turns of one
+context that keeps its cost model from turn to turn (`speculation.keep_costs`, on), in the
+order printed; without it each row is a fresh context's first turn.
 
 `--costs`: "h200-smollm2" (SmolLM2-135M Q4_1, every layer on an H200, per-shape CUDA graphs:
 docs/speculation.md, "Per-shape CUDA graphs" and "Steps and the guard") or the output of
@@ -88,8 +95,9 @@ class RecordedLive:
         self.n_ctx = prompt + len(reply) + max_draft + 8
         self.max_draft = max_draft
         self.verified_sizes: set[int] = set(range(1, max_draft + 2)) if warm else set()
-        self.spec_costs: CostModel | None = None  # a run is one turn of a fresh context; the
-        # tables price a batch by size and switch only: no call's graph is stale (`graph_stale`)
+        self.spec_costs: CostModel | None = None  # what the context's earlier turns timed (`simulate`)
+        self.gpu = True  # the tables are a GPU's: a context keeps its costs where asked to
+        # (the tables price a batch by size and switch only: no call's graph is stale here)
         self.now = 0.0
         self._last = 1
         self._base = 0
@@ -125,6 +133,13 @@ class RecordedLive:
         self.n -= n
 
 
+class SimContext:
+    """What a context keeps from one simulated turn to the next: its cost model."""
+
+    def __init__(self) -> None:
+        self.spec_costs: CostModel | None = None
+
+
 def simulate(
     prompt: Sequence[int],
     reply: Sequence[int],
@@ -133,13 +148,18 @@ def simulate(
     *,
     warm: bool,
     source: Sequence[int] = (),
+    context: SimContext | None = None,
 ) -> dict:
     """The stepper over `reply` (its first token sampled after the prompt): the virtual time
     of the reply's tokens after the first, against as many one-token steps back to back.
     `source`: the draft source beyond the prompt (the replay row: the plain reply, as
-    `Engine.spec_replay` gives it)."""
+    `Engine.spec_replay` gives it). `context`: the turn is one of that context's, which
+    keeps its cost model across them where `settings.keep_costs` says so (None: a fresh
+    context)."""
     tokens = len(reply) - 1  # the last token is never decoded
     live = RecordedLive(len(prompt), reply, costs, settings.max_draft, warm)
+    if context is not None:
+        live.spec_costs = context.spec_costs
     stepper = SpecStepper(live, None, settings, [*prompt, *source])  # type: ignore[arg-type]
     stepper.clock = lambda: live.now
     produced, token = 1, reply[0]
@@ -147,6 +167,8 @@ def simulate(
         out = stepper.step(token, tokens - produced)
         produced += len(out)
         token = out[-1]
+    if context is not None:
+        context.spec_costs = live.spec_costs
     c = stepper.counters
     plain = (produced - 1) * costs[0][1]
     return {
@@ -186,11 +208,15 @@ def main() -> None:
     ap.add_argument("--model", help="GGUF instead of the profile's")
     ap.add_argument("--max-draft", type=int, default=SpeculationSettings().max_draft)
     ap.add_argument("--no-warm-up", action="store_true")
+    ap.add_argument("--novel-file", action="append", default=[], help="a row whose reply is this file's code")
+    ap.add_argument("--keep-costs", action="store_true", help="the rows as turns of one context")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     costs = load_costs(args.costs)
-    settings = SpeculationSettings(enabled=True, max_draft=args.max_draft)
+    keep = "on" if args.keep_costs else "off"
+    settings = SpeculationSettings(enabled=True, max_draft=args.max_draft, keep_costs=keep)
+    context = SimContext()
     prompts = dict(workloads())
     if args.spec_file:
         path = Path(args.spec_file)
@@ -202,12 +228,28 @@ def main() -> None:
         for name, messages in prompts.items():
             print(f"recording {name} ...", file=sys.stderr)
             prompt, reply = record(engine, messages, args.tokens, ignore_eos=False)
-            results[name] = simulate(prompt, reply, costs, settings, warm=not args.no_warm_up)
+            results[name] = simulate(
+                prompt, reply, costs, settings, warm=not args.no_warm_up, context=context
+            )
             if name == "novel":  # replay: the reply (past its end) again, itself in the source
                 prompt, reply = record(engine, messages, args.tokens, ignore_eos=True)
                 results["replay"] = simulate(
-                    prompt, reply, costs, settings, warm=not args.no_warm_up, source=reply
+                    prompt, reply, costs, settings, warm=not args.no_warm_up, source=reply, context=context
                 )
+        novel, variables = prompts["novel"], engine.template_variables()
+        prompt = engine.tokens_for(novel, variables)
+        for name in args.novel_file:
+            text = Path(name).read_text()
+            code = text[max(text.find("\ndef "), 0) :][:6000]  # ample for 400 tokens
+            full = engine.tokens_for([*novel, ChatMessage("assistant", code)], variables)
+            if full[: len(prompt)] != prompt:
+                raise SystemExit(
+                    "spec_replies_sim: the template puts a reply after other tokens than its prompt"
+                )
+            reply = full[len(prompt) :][:400]
+            results[f"novel {Path(name).name}"] = simulate(
+                prompt, reply, costs, settings, warm=not args.no_warm_up, context=context
+            )
     if args.json:
         print(json.dumps(results, indent=2))
         return

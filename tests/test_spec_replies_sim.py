@@ -67,3 +67,26 @@ def test_the_live_stand_in_answers_from_the_reply() -> None:
     assert live.verified_sizes == {3} and live.now == 1.0 + sim._steps(sim.H200_SMOLLM2[1], 3)
     live.rollback(1)
     assert len(live) == 6
+
+
+def test_turns_of_one_context_keep_its_costs_where_asked() -> None:
+    """`--keep-costs`: the second turn of a context that keeps its cost model starts from the
+    first turn's timings (a copy drafted from its first tokens); without it, each turn starts
+    from the prior and declines drafts until the acceptance beats it."""
+    reply = list(range(5000, 5400))
+    declined = {}
+    for keep in ("on", "off"):
+        settings = SpeculationSettings(enabled=True, keep_costs=keep)
+        context = sim.SimContext()
+        first = sim.simulate(
+            PROMPT, reply, sim.H200_SMOLLM2, settings, warm=True, source=reply, context=context
+        )
+        kept = context.spec_costs
+        assert kept is not None and kept.measured  # the first turn timed its batches
+        second = sim.simulate(
+            PROMPT, reply, sim.H200_SMOLLM2, settings, warm=True, source=reply, context=context
+        )
+        assert (context.spec_costs is kept) == (keep == "on")
+        assert second["acceptance"] == 1.0 and first["acceptance"] == 1.0
+        declined[keep] = second["declined"]
+    assert declined["on"] < declined["off"]
