@@ -26,7 +26,7 @@
 #   on-nowarm  `on` with speculation.warm_up = false: every verify size's kernels and CUDA
 #           graph made in the turns, not at load
 #   on-perturn `on` with speculation.keep_costs = "off": the cost model learnt again in each turn
-#           (`on` keeps it across turns, as "auto" does with layers on a GPU)
+#           (`on` keeps it across turns, as "auto" does with every layer on a GPU)
 # `bench --spec` rows: copy-edit and novel (real turns, off and on alternately), replay (the
 # novel prompt's reply decoded again with that reply in the draft source: the best case on this
 # backend, meaningful with random weights too), the verify-batch cost against one token, and the

@@ -96,7 +96,7 @@ class RecordedLive:
         self.max_draft = max_draft
         self.verified_sizes: set[int] = set(range(1, max_draft + 2)) if warm else set()
         self.spec_costs: CostModel | None = None  # what the context's earlier turns timed (`simulate`)
-        self.gpu = True  # the tables are a GPU's: a context keeps its costs where asked to
+        self.gpu_resident = True  # the tables are a GPU's: a context keeps its costs where asked to
         # (the tables price a batch by size and switch only: no call's graph is stale here)
         self.now = 0.0
         self._last = 1

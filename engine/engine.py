@@ -232,7 +232,7 @@ class Engine(EngineFacts):
             model.close()
             raise
         self._model, self._ctx = model, ctx
-        self._live = LiveSequence(ctx, hybrid=model.hybrid, gpu=gpu_layers)
+        self._live = LiveSequence(ctx, hybrid=model.hybrid)
         if drafts and gpu_layers and spec.warm_up:  # each verify size's kernels and CUDA graph
             try:
                 seconds = self._live.warm_up(spec.max_draft)

@@ -67,11 +67,10 @@ class StartPoint:
 class LiveSequence:
     """The context's token sequence. Not thread-safe (the engine is used one call at a time)."""
 
-    def __init__(self, ctx: LlamaContext, *, hybrid: bool, gpu: bool = False) -> None:
+    def __init__(self, ctx: LlamaContext, *, hybrid: bool) -> None:
         self._ctx = ctx
         self._tokens: list[int] = []
         self.hybrid = hybrid
-        self.gpu = gpu  # the model's layers run on a GPU (what a verify batch costs follows)
         self._rollable = 0  # tokens a hybrid model can still roll back (of its last batch)
         # verify batch sizes this context has decoded: the first batch of a size builds what
         # the backend keeps for that shape (a CUDA graph captured, buffers), which later ones
@@ -98,6 +97,11 @@ class LiveSequence:
     @property
     def n_ctx(self) -> int:
         return self._ctx.n_ctx
+
+    @property
+    def gpu_resident(self) -> bool:
+        """Every layer on the GPU (the context's thread plan): what a verify batch costs follows."""
+        return self._ctx.thread_plan.gpu_resident
 
     @property
     def n_ubatch(self) -> int:

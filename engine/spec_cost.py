@@ -99,7 +99,7 @@ class CostModel:
     graph's `rebuild`, and its own cost is what is left of its time after it. On a CPU a stale
     step costs a graph build, a fraction of a step.
 
-    **Across turns.** Where `speculation.keep_costs` says so (by default with layers on a GPU:
+    **Across turns.** Where `speculation.keep_costs` says so (by default with every layer on a GPU:
     `speculation.turn_costs`), the context keeps its cost model (`LiveSequence.spec_costs`): a
     turn starts from what earlier turns timed (`begin_turn`), not from the prior alone, so its
     first draft is priced with the new graphs it builds (on an H200 a novel turn's first drafts,

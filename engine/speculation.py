@@ -26,8 +26,8 @@ Why the output is unchanged (docs/speculation.md):
 
 Cost control: drafting only pays where a batch of n tokens costs less than n one-token steps
 times the tokens it is expected to yield. The stepper keeps the measured time of each batch size,
-what a new graph costs when the batch size changes (on a GPU the largest cost; with layers
-on a GPU these are kept from turn to turn: `turn_costs`), and an acceptance estimate per
+what a new graph costs when the batch size changes (on a GPU the largest cost; with every
+layer on a GPU these are kept from turn to turn: `turn_costs`), and an acceptance estimate per
 match length, drafts the length with the best expected tokens per unit
 of time (padding a short draft to the last batch's size where that graph is cheaper to reuse),
 and does not draft at all when none beats a plain step (novel text). Whatever the cost model
@@ -173,18 +173,13 @@ def mode_if_enabled(settings: SpeculationSettings, rounding: str, *, needs_reloa
     return words
 
 
-def keeps_costs(settings: SpeculationSettings, gpu: bool) -> bool:
-    """Whether a context carries its cost model from one turn to the next (`keep_costs`;
-    "auto": with layers on a GPU, `gpu`)."""
-    return settings.keep_costs == "on" or (settings.keep_costs == "auto" and gpu)
-
-
 def turn_costs(live: LiveSequence, settings: SpeculationSettings) -> CostModel:
     """The cost model a turn starts from: the context's, carried (`CostModel.begin_turn`),
-    where `keeps_costs`; otherwise a new one, with only what a stale graph costs kept (the
-    plain steps time that again every 256 tokens)."""
+    where `keep_costs` says so ("auto": every layer on the GPU); otherwise a new one, with
+    only what a stale graph costs kept (the plain steps time that again every 256 tokens)."""
     kept = live.spec_costs
-    if kept is not None and keeps_costs(settings, live.gpu):
+    keep = settings.keep_costs == "on" or (settings.keep_costs == "auto" and live.gpu_resident)
+    if kept is not None and keep:
         kept.begin_turn(settings.batch_cost_prior)
         return kept
     return CostModel(slope=settings.batch_cost_prior, stale=kept.stale if kept else None)

@@ -346,7 +346,7 @@ class SpeculationSettings:
         "Keep what verify batches and new graphs were timed at from one turn to the next, so "
         "a turn's first drafts are priced from measurements instead of `batch_cost_prior` "
         "(a turn still times them again, and a cost it carries is never dearer than the prior). "
-        "auto: only with layers on a GPU, where a batch costs about the same at any context "
+        "auto: only with every layer on a GPU, where a batch costs about the same at any context "
         "length and a new graph is the largest cost (an H200 replaying a reply: 1.6-2.8x "
         "against 1.07-1.09x learnt per turn); on a CPU a verify row's attention grows with the "
         "context, so costs timed in one turn misprice the next (measured: 4-11% slower).",
