@@ -40,6 +40,8 @@
 # SPEC_STALE_AB=1 runs each bench again right after it with stale graphs not priced
 # (benchmarks/cli_stale_unpriced.py, labelled "-unpriced"): the stepper before and after
 # `CostModel.stale`, side by side.
+# SPEC_POOLED_AB=1 runs each bench again right after it with one acceptance rate for a draft's
+# first token and the tokens after it (benchmarks/cli_pooled_acceptance.py, "-pooled").
 # SPEC_FILES="A.py B.py ...": SmolLM2's `on` profile again for each file, as the copy-edit
 # workload (`bench --spec --spec-file`; the rename is the one bench picks). SPEC_TESTS=0 skips
 # the tests (a warm call that only benchmarks).
@@ -106,7 +108,8 @@ export VELO_TEST_CACHE=$home/test-data
 mkdir -p "$VELO_TEST_CACHE"
 select="qwen or hybrid or exactness or ngram or draft_length or speculative_sampling or replay"
 select="$select or cost_model or decode_threads or bench_spec or warm_up_leaves"
-select="$select or starts_from or carried_cost or begin_turn"
+select="$select or starts_from or carried_cost_is or begin_turn"
+select="($select) and not keep_costs"  # (keep_costs' tests load SmolLM2)
 if [ -n "$smol" ] && [ -f "$smol" ]; then
   ln -sf "$(cd "$(dirname "$smol")" && pwd)/$(basename "$smol")" \
     "$VELO_TEST_CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -175,6 +178,9 @@ if "cost_on_prefill_threads" in s:
 PY
   if [ "${SPEC_STALE_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, stale graphs not priced
     CLI=benchmarks/cli_stale_unpriced.py bench "$1-unpriced" "${@:2}"
+  fi
+  if [ "${SPEC_POOLED_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, one acceptance rate
+    CLI=benchmarks/cli_pooled_acceptance.py bench "$1-pooled" "${@:2}"
   fi
 }
 

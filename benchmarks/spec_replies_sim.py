@@ -2,7 +2,7 @@
 
     python benchmarks/spec_replies_sim.py [--tokens 512] [--costs h200-smollm2 | BENCH.json]
         [--spec-file FILE] [--novel-file FILE ...] [--keep-costs] [--profile NAME]
-        [--model PATH] [--json]
+        [--model PATH] [--pooled-acceptance] [--json]
 
 What would speculation do with these replies on a backend we cannot run now (the H200, a
 Spark)? The model decodes `bench --spec`'s prompts plainly on this machine (greedy, end of
@@ -22,7 +22,9 @@ backend, and its time is charged as it was measured there.
 `def`) after the novel prompt, the file not in the session: new code as a model might write it,
 where only the code's own repeats can be drafted. `--keep-costs`: the rows run as turns of one
 context that keeps its cost model from turn to turn (`speculation.keep_costs`, on), in the
-order printed; without it each row is a fresh context's first turn.
+order printed; without it each row is a fresh context's first turn. `--pooled-acceptance`:
+the stepper with one acceptance rate for a draft's first token and the tokens after it
+(`cli_pooled_acceptance.py`), for a side-by-side run.
 
 `--costs`: "h200-smollm2" (SmolLM2-135M Q4_1, every layer on an H200, per-shape CUDA graphs:
 docs/speculation.md, "Per-shape CUDA graphs" and "Steps and the guard") or the output of
@@ -45,6 +47,7 @@ from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta
 from velo_chat.engine.spec_cost import CostModel
+from velo_chat.engine import speculation
 from velo_chat.engine.speculation import SpecStepper
 
 Table = dict[int, float]
@@ -210,8 +213,15 @@ def main() -> None:
     ap.add_argument("--no-warm-up", action="store_true")
     ap.add_argument("--novel-file", action="append", default=[], help="a row whose reply is this file's code")
     ap.add_argument("--keep-costs", action="store_true", help="the rows as turns of one context")
+    ap.add_argument(
+        "--pooled-acceptance", action="store_true", help="one acceptance rate (cli_pooled_acceptance.py)"
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.pooled_acceptance:  # run as a script: benchmarks/ is on the path
+        from cli_pooled_acceptance import PooledAcceptance
+
+        speculation.Acceptance = PooledAcceptance  # type: ignore[misc]
 
     costs = load_costs(args.costs)
     keep = "on" if args.keep_costs else "off"

@@ -29,6 +29,7 @@ class _StandIn:
     next token of `text`."""
 
     hybrid = False
+    gpu_resident = False  # a context's cost model is learnt per turn (`speculation.turn_costs`)
     max_draft = 16
     n_ctx = 1 << 30
     _window = LiveSequence._window

@@ -326,15 +326,29 @@ class CostModel:
 
 
 class Acceptance:
-    """Per match-length bucket: the probability that the next drafted token is accepted, given
-    the ones before it were (successes over trials, decayed so it follows the text)."""
+    """Per match-length bucket, two probabilities (successes over trials, decayed so they follow
+    the text): that a draft's first token is accepted (`rate`), and that a token after an
+    accepted one is (`continuation`).
+
+    Kept apart because they are learnt from different evidence and differ where it matters. A
+    declined draft tests only its first token (the plain step says whether it was right); only
+    a verify batch tests what follows. In novel code a short match's next token is often right
+    (an identifier, a closing bracket) and what follows it seldom: on an H200 a novel turn's
+    declined drafts said 0.85, one rate for both drafted batches of 17, and they were accepted
+    at 0.76 a token, 3.2 of 16 (a whole-turn loss). A copy's first and later tokens are both
+    right, so apart or together its drafts price alike. Each verify batch decays and updates
+    both, a declined draft only the first (so the continuation keeps what the last batches
+    said however many declined drafts came between). Where a batch's drafts were all accepted
+    the stepper counts the token sampled after them against the index's next drafted token, as
+    a draft one longer would have been tested: otherwise a copy drafted one token at a time
+    (on a CPU a batch of 2 costs less than a step) would never test its continuation, and the
+    prior would keep longer drafts priced out."""
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
-        # prior: two trials; long matches start optimistic, short ones doubtful
-        self._stats = {
-            b: [2.0 * (0.3 + 0.6 * i / (len(MATCH_BUCKETS) - 1)), 2.0] for i, b in enumerate(MATCH_BUCKETS)
-        }
+        # prior: two trials each; long matches start optimistic, short ones doubtful
+        self._first = {b: [2.0 * _prior(i), 2.0] for i, b in enumerate(MATCH_BUCKETS)}
+        self._next = {b: [2.0 * _prior(i), 2.0] for i, b in enumerate(MATCH_BUCKETS)}
 
     @staticmethod
     def bucket(length: int) -> int:
@@ -345,14 +359,30 @@ class Acceptance:
         return b
 
     def rate(self, length: int) -> float:
-        s, n = self._stats[self.bucket(length)]
+        """That a draft's first token, after a match of `length`, is accepted."""
+        s, n = self._first[self.bucket(length)]
+        return s / n
+
+    def continuation(self, length: int) -> float:
+        """That a drafted token after an accepted one is accepted too."""
+        s, n = self._next[self.bucket(length)]
         return s / n
 
     def update(self, length: int, drafted: int, accepted: int) -> None:
-        st = self._stats[self.bucket(length)]
-        trials = accepted + (1 if accepted < drafted else 0)
-        st[0] = st[0] * self.decay + accepted
-        st[1] = st[1] * self.decay + trials
+        """`drafted` tokens of a match of `length` were tested, the first `accepted` of them
+        right (a declined draft: 1 drafted, tested by the plain step)."""
+        b, d = self.bucket(length), self.decay
+        first = self._first[b]
+        first[0], first[1] = first[0] * d + (accepted > 0), first[1] * d + 1.0
+        if drafted > 1 and accepted > 0:  # the tokens after the first were tested too
+            nxt = self._next[b]
+            nxt[0] = nxt[0] * d + accepted - 1
+            nxt[1] = nxt[1] * d + accepted - 1 + (accepted < drafted)
+
+
+def _prior(i: int) -> float:
+    """The `i`-th match bucket's prior acceptance: from 0.3 for the shortest to 0.9."""
+    return 0.3 + 0.6 * i / (len(MATCH_BUCKETS) - 1)
 
 
 def best_draft_length(
@@ -361,34 +391,37 @@ def best_draft_length(
     cost: CostModel,
     gain: float,
     *,
+    then: float | None = None,
     available: int | None = None,
     prev: int = 1,
     stale: Callable[[int], bool] | None = None,
 ) -> int:
     """The draft length with the most expected tokens per unit of time, or 0 when no length
-    beats a plain step by the factor `gain`. Verifying k drafts yields 1 + a + ... + a^k tokens
-    (the pending token's successor always, each draft only if all before it were accepted),
-    for `cost.call_cost(k + 1, prev)`. Past the `available` draft tokens a batch is padded: no
+    beats a plain step by the factor `gain`. `a`: the acceptance of a draft's first token;
+    `then`: of each token after an accepted one (`Acceptance.continuation`; None: `a`).
+    Verifying k drafts yields 1 + a(1 + t + ... + t^(k-1)) tokens (the pending token's
+    successor always, each draft only if all before it were accepted), for
+    `cost.call_cost(k + 1, prev)`. Past the `available` draft tokens a batch is padded: no
     more tokens, but the size of the previous verify batch (`prev`) reuses its graph, which on
     a GPU costs less than a smaller batch built anew. `stale(n)`: whether a batch of n would
     find its graph stale (`LiveSequence.graph_stale`).
 
-    A bound comes first: no draft yields more than 1 + a + ... + a^real tokens and no call
+    A bound comes first: no draft yields more than 1 + a(1 + ... + t^(real-1)) tokens and no call
     costs less than `cost.floor(prev)`. Novel text asks this at most of its steps (code repeats
     short runs: a draft of a 3-token match, seldom right), and on a GPU, where leaving plain
     steps costs two new graphs, the bound declines it without pricing each length (12 µs a
     step on a CPU, 1% of a SmolLM2 step on an H200)."""
     best_k, best = 0, 1.0 * gain
+    t = a if then is None else then
     real = k_max if available is None else min(available, k_max)
-    most = (1.0 - a ** (real + 1)) / (1.0 - a) if a < 1.0 else real + 1.0
+    most = 1.0 + a * ((1.0 - t**real) / (1.0 - t) if t < 1.0 else float(real))
     if most * (1.0 + 1e-9) <= best * cost.floor(prev):  # (the margin: the sums' rounding)
         return 0
-    expected = 1.0
-    p = 1.0
+    expected, p = 1.0, a  # p: that the k-th draft is accepted, with every one before it
     for k in range(1, k_max + 1):
         if k <= real:
-            p *= a
             expected += p
+            p *= t
         elif k + 1 != prev or prev not in cost.measured:
             continue  # padding pays only to keep the previous batch's size, timed
         value = expected / cost.call_cost(k + 1, prev, stale(k + 1) if stale else False)

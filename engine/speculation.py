@@ -307,6 +307,7 @@ class SpecStepper:
                 k_cap,
                 self.cost,
                 gain,
+                then=self.acceptance.continuation(length),
                 available=len(draft),
                 prev=self.cost.last,
                 stale=self.live.graph_stale,
@@ -326,7 +327,7 @@ class SpecStepper:
             else:
                 self._right = 0
             return plain
-        draft = draft[:k]
+        full, draft = draft, draft[:k]
         d = len(draft)  # the real draft; the rest of the batch pads it to the last batch's size
         first = k + 1 not in self.live.verified_sizes  # the context's first batch of this size
         stale = self.live.graph_stale(k + 1)
@@ -362,7 +363,11 @@ class SpecStepper:
         c.padded += k - d
         c.rounds += 1
         c.decode_calls += 1
-        self.acceptance.update(length, d, accepted)
+        # with every draft accepted, the token sampled after them tests the index's next
+        # drafted token as a longer draft would have (a copy drafting batches of 2 learns its
+        # continuation so, and longer drafts follow)
+        longer = accepted == d < len(full)
+        self.acceptance.update(length, d + longer, accepted + (longer and out[d] == full[d]))
         if explore and accepted < d:
             self._explore = min(self._explore * 2, MAX_EXPLORE_STREAK)
         if accepted == 0:  # back off: a few plain steps, more after each miss in a row

@@ -62,6 +62,38 @@ def test_draft_length_follows_acceptance_and_cost() -> None:
     assert cpu.relative(9) == pytest.approx(1.0, abs=0.01)  # and so every size
 
 
+def test_acceptance_learns_a_drafts_first_token_apart_from_what_follows() -> None:
+    """A declined draft tests only its first token, a verify batch the tokens after it too.
+    Novel code (on an H200: first tokens right at 0.85, batches of 16 drafts accepted 3 at a
+    time) keeps a high first-token rate and a low continuation, and the draft length priced
+    with both takes a short draft or none where one pooled rate took the longest; a copy
+    (batches accepted whole) keeps both high and drafts the longest."""
+    gpu = CostModel(slope=0.8)
+    prev = 0
+    for n in (1, 1, 1, 17, 17, 1, 1, 5, 5, 1, 1):  # SmolLM2 on an H200, a graph per shape
+        gpu.record(n, 0.001 * (H200_PER_SHAPE[n] + (0.69 if n != prev else 0.0)))
+        prev = n
+    assert gpu.rebuild == pytest.approx(0.69, abs=0.01)
+    novel = spec_cost.Acceptance()
+    before = novel.continuation(20)
+    for i in range(40):  # declined drafts, 6 of 7 right: the continuation is not touched
+        novel.update(20, 1, int(i % 7 != 3))
+    assert novel.rate(20) > 0.8 and novel.continuation(20) == before
+    for _ in range(4):  # verify batches: 3 of 16 accepted
+        novel.update(20, 16, 3)
+    first, then = novel.rate(20), novel.continuation(20)
+    assert first > 0.85 and then == pytest.approx(2 / 3, abs=0.03)
+    assert spec_cost.best_draft_length(first, 16, gpu, 1.05, prev=1) >= 8  # one rate for both
+    assert spec_cost.best_draft_length(first, 16, gpu, 1.05, then=then, prev=1) < 8
+    copy = spec_cost.Acceptance()
+    for _ in range(4):
+        copy.update(20, 16, 16)
+    assert copy.rate(20) > 0.9 and copy.continuation(20) > 0.95
+    assert spec_cost.best_draft_length(copy.rate(20), 16, gpu, 1.05, then=copy.continuation(20), prev=1) == 16
+    copy.update(20, 16, 0)  # a batch rejected at its first token says nothing of the rest
+    assert copy.continuation(20) > 0.95 and copy.rate(20) < 0.9
+
+
 def test_cost_model_believes_no_single_slow_batch_and_caps_outliers() -> None:
     cost = CostModel(slope=0.5)
     cost.record(1, 0.001)
@@ -141,14 +173,13 @@ def test_cost_model_prices_a_new_graph() -> None:
     assert spec_cost.best_draft_length(0.99, 16, cpu, 1.05, available=4, prev=17) == 4
 
 
-def _searched(a, k_max, cost, gain, available, prev, stale):
+def _searched(a, then, k_max, cost, gain, available, prev, stale):
     """`best_draft_length` without its bound: every length priced (the reference)."""
-    best_k, best, expected, p = 0, gain, 1.0, 1.0
+    best_k, best, expected = 0, gain, 1.0
     real = min(available, k_max)
     for k in range(1, k_max + 1):
         if k <= real:
-            p *= a
-            expected += p
+            expected += a * then ** (k - 1)
         elif k + 1 != prev or prev not in cost.measured:
             continue
         value = expected / cost.call_cost(k + 1, prev, stale(k + 1))
@@ -178,12 +209,21 @@ def test_draft_length_bound_declines_only_what_no_length_would_take() -> None:
         for a in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0):
             for prev in (0, 1, 2, 9, 17):
                 available = rng.randrange(1, 17)
-                want = _searched(a, 16, cost, 1.05, available, prev, stale_sizes.__contains__)
+                then = rng.choice((None, 0.0, 0.3, 0.7, 0.95, 1.0))
+                t = a if then is None else then
+                want = _searched(a, t, 16, cost, 1.05, available, prev, stale_sizes.__contains__)
                 got = spec_cost.best_draft_length(
-                    a, 16, cost, 1.05, available=available, prev=prev, stale=stale_sizes.__contains__
+                    a,
+                    16,
+                    cost,
+                    1.05,
+                    then=then,
+                    available=available,
+                    prev=prev,
+                    stale=stale_sizes.__contains__,
                 )
-                assert got == want, (case, a, prev, available)
-                most = sum(a**i for i in range(available + 1))
+                assert got == want, (case, a, then, prev, available)
+                most = 1.0 + sum(a * t**i for i in range(available))
                 bounded += gpu and most <= 1.05 * cost.floor(prev)
     assert bounded > 100
 
