@@ -2,7 +2,7 @@
 
     python benchmarks/spec_replies_sim.py [--tokens 512] [--costs h200-smollm2 | BENCH.json]
         [--spec-file FILE] [--novel-file FILE ...] [--keep-costs] [--profile NAME]
-        [--model PATH] [--pooled-acceptance] [--json]
+        [--model PATH] [--pooled-acceptance] [--replies FILE] [--json]
 
 What would speculation do with these replies on a backend we cannot run now (the H200, a
 Spark)? The model decodes `bench --spec`'s prompts plainly on this machine (greedy, end of
@@ -24,7 +24,10 @@ where only the code's own repeats can be drafted. `--keep-costs`: the rows run a
 context that keeps its cost model from turn to turn (`speculation.keep_costs`, on), in the
 order printed; without it each row is a fresh context's first turn. `--pooled-acceptance`:
 the stepper with one acceptance rate for a draft's first token and the tokens after it
-(`cli_pooled_acceptance.py`), for a side-by-side run.
+(`cli_pooled_acceptance.py`), for a side-by-side run. `--replies FILE`: the recorded replies
+are read from FILE where it exists, else recorded and written there, so that runs with other
+options simulate the same texts (a recording is not the same from run to run: `default`'s
+threads follow the machine's load, and with them the rounding of the model's greedy reply).
 
 `--costs`: "h200-smollm2" (SmolLM2-135M Q4_1, every layer on an H200, per-shape CUDA graphs:
 docs/speculation.md, "Per-shape CUDA graphs" and "Steps and the guard") or the output of
@@ -202,6 +205,35 @@ def record(
     return prompt, reply
 
 
+Recorded = dict[str, tuple[list[int], list[int], list[int]]]
+
+
+def record_all(args: argparse.Namespace, prompts: dict[str, list[ChatMessage]]) -> Recorded:
+    """Each row's prompt, plain reply and extra draft source, in the order the rows print."""
+    recorded: Recorded = {}
+    with Engine(load_profile(args.profile), model_path=args.model) as engine:
+        engine.load()
+        for name, messages in prompts.items():
+            print(f"recording {name} ...", file=sys.stderr)
+            prompt, reply = record(engine, messages, args.tokens, ignore_eos=False)
+            recorded[name] = (prompt, reply, [])
+            if name == "novel":  # replay: the reply (past its end) again, itself in the source
+                prompt, reply = record(engine, messages, args.tokens, ignore_eos=True)
+                recorded["replay"] = (prompt, reply, reply)
+        novel, variables = prompts["novel"], engine.template_variables()
+        prompt = engine.tokens_for(novel, variables)
+        for name in args.novel_file:
+            text = Path(name).read_text()
+            code = text[max(text.find("\ndef "), 0) :][:6000]  # ample for 400 tokens
+            full = engine.tokens_for([*novel, ChatMessage("assistant", code)], variables)
+            if full[: len(prompt)] != prompt:
+                raise SystemExit(
+                    "spec_replies_sim: the template puts a reply after other tokens than its prompt"
+                )
+            recorded[f"novel {Path(name).name}"] = (prompt, full[len(prompt) :][:400], [])
+    return recorded
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--tokens", type=int, default=512)
@@ -216,6 +248,7 @@ def main() -> None:
     ap.add_argument(
         "--pooled-acceptance", action="store_true", help="one acceptance rate (cli_pooled_acceptance.py)"
     )
+    ap.add_argument("--replies", help="JSON of the recorded replies: read if it exists, else written")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.pooled_acceptance:  # run as a script: benchmarks/ is on the path
@@ -232,34 +265,19 @@ def main() -> None:
         path = Path(args.spec_file)
         source = copy_edit_source(path.name, path.read_text())
         prompts[f"copy-edit {path.name}"] = [source.message()]
-    results = {}
-    with Engine(load_profile(args.profile), model_path=args.model) as engine:
-        engine.load()
-        for name, messages in prompts.items():
-            print(f"recording {name} ...", file=sys.stderr)
-            prompt, reply = record(engine, messages, args.tokens, ignore_eos=False)
-            results[name] = simulate(
-                prompt, reply, costs, settings, warm=not args.no_warm_up, context=context
-            )
-            if name == "novel":  # replay: the reply (past its end) again, itself in the source
-                prompt, reply = record(engine, messages, args.tokens, ignore_eos=True)
-                results["replay"] = simulate(
-                    prompt, reply, costs, settings, warm=not args.no_warm_up, source=reply, context=context
-                )
-        novel, variables = prompts["novel"], engine.template_variables()
-        prompt = engine.tokens_for(novel, variables)
-        for name in args.novel_file:
-            text = Path(name).read_text()
-            code = text[max(text.find("\ndef "), 0) :][:6000]  # ample for 400 tokens
-            full = engine.tokens_for([*novel, ChatMessage("assistant", code)], variables)
-            if full[: len(prompt)] != prompt:
-                raise SystemExit(
-                    "spec_replies_sim: the template puts a reply after other tokens than its prompt"
-                )
-            reply = full[len(prompt) :][:400]
-            results[f"novel {Path(name).name}"] = simulate(
-                prompt, reply, costs, settings, warm=not args.no_warm_up, context=context
-            )
+    saved = Path(args.replies) if args.replies else None
+    if saved is not None and saved.exists():
+        recorded = {name: (p, r, src) for name, (p, r, src) in json.loads(saved.read_text()).items()}
+    else:
+        recorded = record_all(args, prompts)
+        if saved is not None:
+            saved.write_text(json.dumps(recorded))
+    results = {
+        name: simulate(
+            prompt, reply, costs, settings, warm=not args.no_warm_up, source=source, context=context
+        )
+        for name, (prompt, reply, source) in recorded.items()
+    }
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -5,6 +5,9 @@ known (the recording itself is `Engine.turn`, tested elsewhere)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from velo_chat.engine.config.profile_schema import SpeculationSettings
@@ -115,3 +118,29 @@ def test_a_copy_drafted_in_pairs_learns_its_continuation() -> None:
     assert stepper.counters.batches.get(2, 0) > 100 and set(stepper.counters.batches) == {2}
     learnt = {n for n in prior if stepper.acceptance.continuation(n) > max(prior[n], 0.95)}
     assert learnt, "no bucket's continuation moved from its prior"
+
+
+def test_saved_replies_are_simulated_without_a_model(tmp_path: Path) -> None:
+    """`--replies FILE` that exists: its recordings are simulated as they are, no model loaded
+    (runs with other options compare the same texts)."""
+    reply = list(range(5000, 5300))
+    saved = tmp_path / "replies.json"
+    saved.write_text(json.dumps({"novel": [PROMPT, reply, []], "replay": [PROMPT, reply, reply]}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(_PATH),
+            "--replies",
+            str(saved),
+            "--json",
+            "--model",
+            str(tmp_path / "none.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(out.stdout)
+    assert list(rows) == ["novel", "replay"]
+    assert rows["novel"]["drafted"] == 0 and rows["novel"]["speedup"] == 1.0
+    assert rows["replay"]["acceptance"] == 1.0 and rows["replay"]["speedup"] > 2.0
