@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_bounded(int, 0, 1024),
         default=0,
         metavar="N",
-        help="also decode beside N busy processes (e.g. one per core) and compare with the idle decode",
+        help="also decode beside N busy processes (e.g. one per core) and compare with the idle decode; "
+        "with --spec, the speculation section runs beside them",
     )
     bench.add_argument(
         "--load-same-session",

@@ -190,12 +190,15 @@ def test_a_file_too_long_for_the_context_is_refused_after_load(velo_home) -> Non
 def test_bench_spec_measures_speculation_enabled_whatever_the_profile_says(velo_home) -> None:
     """The shipped default profile leaves speculation off and decodes on every core: `bench
     --spec` loads it with speculation on and the batch rounding accepted, so its "on" column
-    speculates, says under which guarantee, and says whether the text came out identical."""
+    speculates, says under which guarantee, and says whether the text came out identical.
+    `--load 1`: the section runs beside a busy process, and says so."""
     import json
 
-    proc = run_cli("bench", "--spec", "--json", "--decode-tokens", "12", "--repeats", "1")
+    proc = run_cli("bench", "--spec", "--json", "--decode-tokens", "12", "--repeats", "1", "--load", "1")
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)["sections"]["speculation"]
+    assert s["busy_processes"] == 1
+    assert "beside 1 busy process" in "\n".join(format_spec_lines(s))
     assert s["speculation"].startswith("on:")
     assert s["copy_edit_source"]["file"] == "colorsys.py"
     for row in ("copy-edit", "novel", "replay"):

@@ -29,6 +29,7 @@ from tests.support.spec_helpers import (
     PROSE,
     SHORT,
     corrupt as _corrupt,
+    forcing_stepper,
     follow_up as _follow_up,
     on_gpu as _on_gpu,
     oracle_session as _oracle,
@@ -53,14 +54,7 @@ def forced(monkeypatch: pytest.MonkeyPatch):
     """Make the stepper draft whenever it has a match (no cost model: verify batches are taken
     to cost one step), and optionally index an oracle before the session. Returns a setter."""
     oracle: list[int] = []
-
-    class Forced(SpecStepper):
-        def __init__(self, live, sampler, settings, session):
-            super().__init__(live, sampler, settings, [*oracle, *session])
-            self.cost = CostModel(slope=0.0)
-            self.cost.record = lambda n, seconds, stale=False: None  # type: ignore[method-assign]
-
-    monkeypatch.setattr(turn_runner, "SpecStepper", Forced)
+    monkeypatch.setattr(turn_runner, "SpecStepper", forcing_stepper(oracle))
 
     def set_oracle(tokens: Sequence[int]) -> None:
         oracle[:] = tokens

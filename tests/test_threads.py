@@ -402,3 +402,62 @@ def test_busy_processes_end_when_the_benchmark_is_killed(same_session):
             break
         time.sleep(0.1)
     assert not (_busy_pids() & started)
+
+
+def test_the_exact_cpu_profile_gives_a_busy_machine_its_prefill_threads(smollm2_path, tmp_path, monkeypatch):
+    """`cpu-speculate` decodes on one thread (what keeps its verify batches exact) and verifies
+    drafts on the prefill threads. With those fixed, two busy processes on 2 cores made its
+    2-thread verify batches wait at ggml's barriers for a thread the kernel had descheduled
+    (two of them took 85 one-token steps) and novel text ran 0.73x. So the profile adapts
+    its threads: the governor takes the prefill threads down to what is free and never puts
+    decode above its one thread, and a verify batch's result does not depend on its threads,
+    so a speculative reply whose batches' threads change under it is still the plain reply."""
+    from velo_chat.engine import turn_runner
+    from velo_chat.engine.config.profiles import load_profile
+
+    from tests.support.spec_helpers import forcing_stepper, oracle_session, run_turn, spec_engine
+
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    shipped = load_profile("cpu-speculate").context
+    assert shipped.adapt_threads and shipped.n_threads == 1
+    plan = plan_threads(shipped.n_threads, shipped.n_threads_batch, gpu_resident=False)
+    machine = Machine(2)
+    gov = ThreadGovernor(plan, probe=machine)
+    machine.run(2, 1)
+    assert (plan.decode, plan.batch) == (1, 2) and gov.update(1) == (1, 1)
+    for _ in range(12):  # the load gone: the prefill threads come back, decode stays at one
+        machine.run(0, 1)
+        gov.update(1)
+    assert (gov.decode, gov.batch) == (1, 2)
+
+    monkeypatch.undo()  # the real machine's cores from here
+    context = {"n_threads": 1, "n_threads_batch": 2, "adapt_threads": True, "flash_attn": "on"}
+    plain = spec_engine(smollm2_path, tmp_path / "a", spec=False, context=context)
+    spec = spec_engine(smollm2_path, tmp_path / "b", spec=True, context=context)
+    try:
+        reply = run_turn(plain, STORY, max_tokens=60, ignore_eos=True)[0]
+        assert spec.speculation.startswith("on: bit-identical")
+        ctx = spec._require()[1]
+        seen: set[tuple[int, int]] = set()
+
+        class Flipping(Machine):
+            """Busy at every other look: the prefill threads go down and up during the turn."""
+
+            looks = 0
+
+            def sample(self) -> LoadSample | None:
+                self.looks += 1
+                self.run(ctx.thread_plan.cores if self.looks % 2 else 0, 1)
+                seen.add(ctx.threads_now)
+                return self.now
+
+        ctx._governor = ThreadGovernor(ctx.thread_plan, probe=Flipping(ctx.thread_plan.cores), interval=0.0)
+        monkeypatch.setattr(turn_runner, "SpecStepper", forcing_stepper(oracle_session(spec, STORY, reply)))
+        ids, done, _ = run_turn(spec, STORY, max_tokens=60, ignore_eos=True)
+        assert ids == reply and done.stats.spec_rounds > 5
+        assert {d for d, _ in seen} == {1}  # decode never left its one thread
+        if ctx.thread_plan.batch > 1:
+            assert {b for _, b in seen} == {1, ctx.thread_plan.batch}
+    finally:
+        plain.close()
+        spec.close()

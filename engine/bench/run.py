@@ -10,6 +10,7 @@ load sections (`engine/bench/load.py`) decode again with fixed thread counts and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import statistics
@@ -124,15 +125,21 @@ def run_bench(
         "reason": info.ple_reason,
         "graph_splits": info.graph_splits,
     }
-    if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py)
-        result.sections["speculation"] = spec_section(
-            engine,
-            decode_tokens=decode_tokens,
-            repeats=repeats,
-            note=note,
-            source=spec_source,
-            copy_tokens=spec_copy_tokens,
-        )
+    if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py), beside
+        # `load` busy processes when asked (off and on alike: the two columns share the load)
+        busy = busy_processes(load, same_session=load_same_session, cgroup=load_cgroup) if load else None
+        with busy or contextlib.nullcontext():
+            section = spec_section(
+                engine,
+                decode_tokens=decode_tokens,
+                repeats=repeats,
+                note=note,
+                source=spec_source,
+                copy_tokens=spec_copy_tokens,
+            )
+        if load:
+            section["busy_processes"] = load
+        result.sections["speculation"] = section
         return result
     room = info.n_ctx - decode_tokens - 16
     sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})

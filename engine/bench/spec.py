@@ -280,7 +280,9 @@ def _replay(engine: Engine, decode_tokens: int, repeats: int, note: Callable[[st
 
 
 def format_spec_lines(s: dict[str, Any]) -> list[str]:
-    lines = ["", f"speculation  max_draft {s['max_draft']}, min_match {s['min_match']}"]
+    n = s.get("busy_processes", 0)
+    busy = f", beside {n} busy process{'es' if n > 1 else ''}" if n else ""
+    lines = ["", f"speculation  max_draft {s['max_draft']}, min_match {s['min_match']}{busy}"]
     if s.get("speculation"):
         lines.append(f"  {s['speculation']}")
     src = s.get("copy_edit_source")

@@ -15,6 +15,8 @@ from tests.support.engine_helpers import test_profile
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
+from velo_chat.engine.spec_cost import CostModel
+from velo_chat.engine.speculation import SpecStepper
 
 COPY = [
     ChatMessage(
@@ -66,6 +68,19 @@ def oracle_session(engine: Engine, messages: Sequence[ChatMessage], reply: Seque
     """The prompt followed by `reply`: indexed before the session, so that when the real
     prompt ends the draft source proposes `reply`."""
     return [*engine.tokens_for(messages, engine.template_variables()), *reply]
+
+
+def forcing_stepper(oracle: Sequence[int]) -> type[SpecStepper]:
+    """A stepper that drafts whenever it has a match (no cost model: verify batches are taken to
+    cost one step) and indexes `oracle` before the session (`oracle_session`)."""
+
+    class Forced(SpecStepper):
+        def __init__(self, live, sampler, settings, session):
+            super().__init__(live, sampler, settings, [*oracle, *session])
+            self.cost = CostModel(slope=0.0)
+            self.cost.record = lambda n, seconds, stale=False: None  # type: ignore[method-assign]
+
+    return Forced
 
 
 def on_gpu(engine: Engine) -> bool:
