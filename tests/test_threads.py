@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import threads
+from velo_chat.engine import threads, turn_runner
 from velo_chat.engine.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import ModelLoaded, TokenDelta, TurnDone
-from velo_chat.engine.config.profiles import ProfileError, build_profile, profile_to_toml
+from velo_chat.engine.config.profiles import ProfileError, build_profile, load_profile, profile_to_toml
 from velo_chat.engine.threads import CpuLoad, LoadSample, ThreadGovernor, plan_threads
 
 from tests.support.engine_helpers import run_cli, test_profile
+from tests.support.spec_helpers import forcing_stepper, oracle_session, run_turn, spec_engine
 
 STORY = [ChatMessage("user", "Tell a long story about a fox who learns to write tests.")]
 
@@ -412,11 +413,6 @@ def test_the_exact_cpu_profile_gives_a_busy_machine_its_prefill_threads(smollm2_
     its threads: the governor takes the prefill threads down to what is free and never puts
     decode above its one thread, and a verify batch's result does not depend on its threads,
     so a speculative reply whose batches' threads change under it is still the plain reply."""
-    from velo_chat.engine import turn_runner
-    from velo_chat.engine.config.profiles import load_profile
-
-    from tests.support.spec_helpers import forcing_stepper, oracle_session, run_turn, spec_engine
-
     monkeypatch.setattr(threads, "usable_cores", lambda: 2)
     shipped = load_profile("cpu-speculate").context
     assert shipped.adapt_threads and shipped.n_threads == 1
