@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from velo_chat.engine import llama_log
+from velo_chat.engine.llama import log as llama_log
 from velo_chat.engine.config import locations
 from velo_chat.engine.fit.report import DoesNotFit
 from velo_chat.engine.setup.requantize import TYPES

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from velo_chat.engine.api import EngineAPI, TurnHandle
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.store import Message, Session, SessionStore, StoreError

@@ -16,7 +16,7 @@ from typing import Any
 
 from textual.message import Message
 
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.events import (
     EngineEvent,
     EngineWarning,
@@ -33,7 +33,7 @@ from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
 from velo_chat.engine.fit.report import DoesNotFit
 from velo_chat.store import Session, SessionStore
 
-from velo_chat.engine.threads import usable_cores
+from velo_chat.engine.scheduling.threads import usable_cores
 
 from .conversation import RecordedTurn, engine_messages, record, start_turn
 from .engine_host import EngineHost

@@ -15,7 +15,7 @@ from textual.message import Message
 from velo_chat.engine.engine import ResumePreview
 from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
 from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.thinking import ThinkingSupport
+from velo_chat.engine.prompt.thinking import ThinkingSupport
 from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Session
 

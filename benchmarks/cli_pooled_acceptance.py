@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 
 from velo_chat.app.cli import main
-from velo_chat.engine import speculation
-from velo_chat.engine.spec_cost import Acceptance
+from velo_chat.engine.speculation import stepper as speculation
+from velo_chat.engine.speculation.cost import Acceptance
 
 
 class PooledAcceptance(Acceptance):

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from velo_chat.engine import llama_log
+from velo_chat.engine.llama import log as llama_log
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.engine.fit import estimate, llama_buffers, machine
 from velo_chat.engine.fit.model_facts import read_facts
-from velo_chat.engine.llama_context import LlamaContext
-from velo_chat.engine.llama_model import LlamaModel
+from velo_chat.engine.llama.context import LlamaContext
+from velo_chat.engine.llama.model import LlamaModel
 
 GRAPH = re.compile(r"graph.*: nodes = (?P<nodes>[\d /]+), splits = (?P<splits>[\d /]+)")
 MIB = 1 << 20

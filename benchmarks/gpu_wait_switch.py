@@ -15,9 +15,9 @@ import json
 import resource
 import time
 
-from velo_chat.engine import gpu_wait
+from velo_chat.engine.scheduling import gpu_wait
 from velo_chat.engine.bench.load import busy_processes
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.engine.engine import Engine
 

@@ -17,9 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
-from velo_chat.engine import gguf_file, llama_log
+from velo_chat.engine.llama import gguf_file, log as llama_log
 from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.llama_model import LlamaModel
+from velo_chat.engine.llama.model import LlamaModel
 
 
 def evict(paths: list[Path]) -> None:

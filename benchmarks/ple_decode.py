@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from velo_chat.engine import ple_provider
+from velo_chat.engine.llama import ple_provider
 from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.llama_context import LlamaContext
-from velo_chat.engine.llama_model import LlamaModel
+from velo_chat.engine.llama.context import LlamaContext
+from velo_chat.engine.llama.model import LlamaModel
 
 SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
 

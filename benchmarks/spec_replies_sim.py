@@ -7,7 +7,7 @@
 What would speculation do with these replies on a backend we cannot run now (the H200, a
 Spark)? The model decodes `bench --spec`'s prompts plainly on this machine (greedy, end of
 generation ignored: the text the other backend gives too, up to its batch rounding); then
-`engine/speculation.py`'s `SpecStepper`, unchanged, runs over each reply. A stand-in for the
+`engine/speculation/stepper.py`'s `SpecStepper`, unchanged, runs over each reply. A stand-in for the
 live sequence answers each step and each verify batch with the recorded reply's tokens (a
 drafted token is accepted exactly when the plain reply has it there, as in greedy decoding)
 and a virtual clock charges each call what the cost table says a call of its size costs: in
@@ -44,14 +44,14 @@ from pathlib import Path
 
 from velo_chat.engine.bench.spec import workloads
 from velo_chat.engine.bench.spec_source import copy_edit_source
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.config.profile_schema import SpeculationSettings
 from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta
-from velo_chat.engine.spec_cost import CostModel
-from velo_chat.engine import speculation
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.speculation import stepper as speculation
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 Table = dict[int, float]
 

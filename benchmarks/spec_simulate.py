@@ -2,7 +2,7 @@
 
     python benchmarks/spec_simulate.py [--tokens 512] [--seeds 5]
 
-The cost model and the draft-length rule of `engine/speculation.py`, as shipped, decide each
+The cost model and the draft-length rule of `engine/speculation/stepper.py`, as shipped, decide each
 step of a simulated reply; a step's time comes from SmolLM2's H200 table (`device_spec.sh`,
 2026-12-01, every layer on the GPU): a call of n tokens costs its back-to-back time after a
 call of its size (llama.cpp reuses the graph) and its after-another-size time otherwise (a new
@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import random
 
-from velo_chat.engine import spec_cost
-from velo_chat.engine.spec_cost import Acceptance, CostModel, best_draft_length
+from velo_chat.engine.speculation import cost as spec_cost
+from velo_chat.engine.speculation.cost import Acceptance, CostModel, best_draft_length
 
 TABLES = {
     # ggml-cuda's upstream graph key: every switch of shape captured a CUDA graph anew

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from velo_chat.engine.config.profile_schema import SpeculationSettings
 from velo_chat.engine.live_sequence import LiveSequence
-from velo_chat.engine.spec_cost import CostModel
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 
 class _StandIn:

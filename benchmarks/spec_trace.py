@@ -35,12 +35,13 @@ import statistics
 import time
 from typing import Any
 
-from velo_chat.engine import llama_log, turn_runner
+from velo_chat.engine.llama import log as llama_log
+from velo_chat.engine import turn_runner
 from velo_chat.engine.bench.spec import with_speculation, workloads
 from velo_chat.engine.config.profiles import load_profile
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 
 class _Traced(SpecStepper):

@@ -12,10 +12,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from .chat_template import ChatMessage
+from .prompt.chat_template import ChatMessage
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .events import EngineEvent, ModelLoaded, ResumePreview, TurnDone, TurnFailed
-from .thinking import ThinkingSupport
+from .prompt.thinking import ThinkingSupport
 
 
 class TurnHandle(Protocol):

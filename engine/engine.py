@@ -33,8 +33,8 @@ from .config import locations
 from .fit import machine as fit_machine
 from .fit import llama_buffers
 from .fit import report as fit_report
-from .chat_template import ChatMessage, ChatTemplateError
-from .checkpoints import Checkpoints
+from .prompt.chat_template import ChatMessage, ChatTemplateError
+from .checkpoints.manager import Checkpoints
 from .events import (
     EngineEvent,
     ModelLoaded,
@@ -46,15 +46,15 @@ from .events import (
 )
 from .api import EngineFacts
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
-from . import gguf_file, llama_log
-from .llama_context import DecodeError, LlamaContext
-from .llama_model import LlamaModel
+from .llama import gguf_file, log as llama_log
+from .llama.context import DecodeError, LlamaContext
+from .llama.model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings, SpeculationSettings
-from .thinking import ThinkingSupport, requested
-from .threads import ThreadPlan, plan_for
-from .sampling import Sampler
-from .spec_measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
-from .speculation import batch_weight_types, exactness, mode_if_enabled, speculation_mode
+from .prompt.thinking import ThinkingSupport, requested
+from .scheduling.threads import ThreadPlan, plan_for
+from .llama.sampling import Sampler
+from .speculation.measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
+from .speculation.stepper import batch_weight_types, exactness, mode_if_enabled, speculation_mode
 from .turn_runner import TurnParts, TurnPlan, run_turn
 
 log = logging.getLogger(__name__)

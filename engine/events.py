@@ -135,7 +135,7 @@ class TurnStats:
     # (the same model up to the backend's batch rounding: docs/speculation.md); "": not used
     spec_exactness: str = ""
     # the decode threads of the one-token steps, averaged: the governor lowers them while other
-    # processes want the cores (engine/threads.py), which explains a slower decode; 0: unknown
+    # processes want the cores (engine/scheduling/threads.py), which explains a slower decode; 0: unknown
     decode_threads: float = 0.0
 
     @property

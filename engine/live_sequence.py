@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoints import Candidate, Checkpoints
-from .llama_context import DecodeError, LlamaContext, Perf
-from .sampling import Sampler
-from .spec_cost import CostModel
+from .checkpoints.manager import Candidate, Checkpoints
+from .llama.context import DecodeError, LlamaContext, Perf
+from .llama.sampling import Sampler
+from .speculation.cost import CostModel
 
 RESTORE_MIN_GAIN = 32
 """Tokens a checkpoint must save over the live context to be worth restoring (a restore copies
@@ -113,7 +113,7 @@ class LiveSequence:
 
     def decode_threads(self) -> tuple[int, int]:
         """One-token decode steps so far and the threads they ran with, summed (the thread
-        count follows the machine's load: `engine/threads.py`)."""
+        count follows the machine's load: `engine/scheduling/threads.py`)."""
         return self._ctx.decode_steps, self._ctx.decode_thread_steps
 
     def synchronize(self) -> None:

@@ -37,16 +37,16 @@ from .events import (
     TurnStarted,
     TurnStats,
 )
-from .chat_template import ChatMessage
-from .checkpoints import Checkpoints
+from .prompt.chat_template import ChatMessage
+from .checkpoints.manager import Checkpoints
 from .live_sequence import MAX_RESTORE_ATTEMPTS, RESTORE_MIN_GAIN, LiveSequence, common_prefix
-from .llama_context import DecodeError
-from .llama_model import LlamaModel
+from .llama.context import DecodeError
+from .llama.model import LlamaModel
 from .config.profile_schema import SamplingSettings, SpeculationSettings
-from .sampling import Sampler
-from .speculation import SpecCounters, SpecStepper
-from .save_points import stable_prefix
-from .thinking import ReasoningSplitter, ThinkingSupport
+from .llama.sampling import Sampler
+from .speculation.stepper import SpecCounters, SpecStepper
+from .checkpoints.save_points import stable_prefix
+from .prompt.thinking import ReasoningSplitter, ThinkingSupport
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Where a tensor's bytes lie in a GGUF file, and a writer for single-tensor test tables.
 
-Reading reuses the engine's header reader (`velo_chat.engine.gguf_file`, no tensor data read, no
+Reading reuses the engine's header reader (`velo_chat.engine.llama.gguf_file`, no tensor data read, no
 textual import), so the project has one GGUF parser. This module only turns its relative tensor
 offsets into absolute byte ranges that can be mapped, and checks the type is one the kernels decode.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.gguf_file import GGUFHeader, read_header
+from velo_chat.engine.llama.gguf_file import GGUFHeader, read_header
 from .dequant import GGML_TYPE_NAMES, row_nbytes
 
 GGUF_MAGIC = b"GGUF"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.gguf_file import read_header
+from velo_chat.engine.llama.gguf_file import read_header
 
 _U64 = (1 << 64) - 1
 

@@ -1,4 +1,4 @@
-"""Templates render as HuggingFace's `apply_chat_template` renders them (`engine/template_env.py`),
+"""Templates render as HuggingFace's `apply_chat_template` renders them (`engine/prompt/template_env.py`),
 checked on real templates from llama.cpp's collection: the `loopcontrols` extension, the
 `{% generation %}` block, `tools` for tool-use-only templates and for those that check for None,
 Firefunction's `functions`/`datetime`, and HF's `tojson`."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import template_env
-from velo_chat.engine.chat_template import ChatMessage, ChatTemplate
+from velo_chat.engine.prompt import template_env
+from velo_chat.engine.prompt.chat_template import ChatMessage, ChatTemplate
 
 from tests.support.llama_templates import read_template, templates_dir
 

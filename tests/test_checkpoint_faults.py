@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import checkpoint_file as cf
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.checkpoints import file_format as cf
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import EngineWarning, TurnDone
 
@@ -187,7 +187,7 @@ import resource, signal, sys
 from pathlib import Path
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full disk: writes fail with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import EngineWarning, TurnDone
 from tests.support.engine_helpers import test_profile
@@ -221,8 +221,8 @@ KILL_WRITER_CHILD = r"""
 import os, sys, threading
 from pathlib import Path
 import numpy as np
-from velo_chat.engine import checkpoint_file as cf
-from velo_chat.engine.checkpoint_tiers import DiskTier
+from velo_chat.engine.checkpoints import file_format as cf
+from velo_chat.engine.checkpoints.tiers import DiskTier
 cf.WRITE_CHUNK = 1 << 20
 tier = DiskTier(Path(sys.argv[1]), "f" * 64, {"k": 1}, 2**34, print)
 def stuck_once_writing():  # the writer stops for good between two chunks of the payload
@@ -241,7 +241,7 @@ threading.Event().wait()
 def test_sigkill_while_writing_a_checkpoint(tmp_path):
     """The child's writer is held between two chunks of a payload (no race with the kill):
     the next start removes the partial file and keeps the whole one."""
-    from velo_chat.engine.checkpoint_tiers import DiskTier
+    from velo_chat.engine.checkpoints.tiers import DiskTier
 
     root = tmp_path / "ckpt"
     child = subprocess.Popen(
@@ -346,7 +346,7 @@ def test_database_locked_by_another_process(velo_home):
 def test_a_live_writers_temp_file_is_left_alone(tmp_path):
     """Opening the disk tier cleans up after dead writers only: another engine (this process
     or another) may be writing right now."""
-    from velo_chat.engine.checkpoint_tiers import DiskTier
+    from velo_chat.engine.checkpoints.tiers import DiskTier
 
     root = tmp_path / "ckpt"
     tier = DiskTier(root, "f" * 64, {"k": 1}, 2**30, print)
@@ -367,7 +367,7 @@ def test_the_disk_writer_hashes_on_one_core_at_low_priority(tmp_path: Path, monk
     thread keeps its priority."""
     import numpy as np
 
-    from velo_chat.engine import checkpoint_tiers
+    from velo_chat.engine.checkpoints import tiers as checkpoint_tiers
 
     seen: list[tuple[int | None, int]] = []
     real = cf.payload_digest

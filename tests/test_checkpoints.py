@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from velo_chat.engine import checkpoint_file as cf
-from velo_chat.engine.chat_template import ChatMessage
-from velo_chat.engine.checkpoint_tiers import DiskTier, RamTier
-from velo_chat.engine.checkpoints import Checkpoints
+from velo_chat.engine.checkpoints import file_format as cf
+from velo_chat.engine.prompt.chat_template import ChatMessage
+from velo_chat.engine.checkpoints.tiers import DiskTier, RamTier
+from velo_chat.engine.checkpoints.manager import Checkpoints
 from velo_chat.engine.config.profile_schema import CheckpointSettings
 
 FP = "f" * 64
@@ -229,7 +229,7 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
 def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
     smol_engine, tmp_path, held_writes, monkeypatch, caplog
 ):
-    from velo_chat.engine import checkpoint_tiers
+    from velo_chat.engine.checkpoints import tiers as checkpoint_tiers
 
     monkeypatch.setattr(checkpoint_tiers, "ABANDON_GRACE_S", 0.1)
     ctx = smol_engine._ctx
@@ -242,7 +242,7 @@ def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
     ctx.decode(tokens[:1])
     ck.save(ctx, tokens + tokens[:1])  # two writes: one in progress, one waiting
     writer = ck.disk._writer
-    caplog.set_level(logging.INFO, logger="velo_chat.engine.checkpoint_tiers")
+    caplog.set_level(logging.INFO, logger="velo_chat.engine.checkpoints.tiers")
     t0 = time.monotonic()
     assert ck.close() is False
     assert time.monotonic() - t0 < 5
@@ -257,7 +257,7 @@ def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
 def test_an_abandoned_write_leaves_no_partial_file(tmp_path, monkeypatch, caplog):
     """close() runs out of time in the middle of writing a payload: the writer stops at its
     next chunk and the temp file is removed."""
-    from velo_chat.engine import checkpoint_tiers
+    from velo_chat.engine.checkpoints import tiers as checkpoint_tiers
 
     monkeypatch.setattr(checkpoint_tiers, "ABANDON_GRACE_S", 0.1)
     monkeypatch.setattr(cf, "WRITE_CHUNK", 1 << 20)
@@ -274,7 +274,7 @@ def test_an_abandoned_write_leaves_no_partial_file(tmp_path, monkeypatch, caplog
     tier._should_stop = stop_mid_write
     tier.save("a" * 32, ckpt_tokens(40), state(4 << 20))
     assert reached.wait(60)
-    caplog.set_level(logging.INFO, logger="velo_chat.engine.checkpoint_tiers")
+    caplog.set_level(logging.INFO, logger="velo_chat.engine.checkpoints.tiers")
     assert tier.close(0.3, progress_every=0.05) is False
     assert any("waiting for 1 checkpoint write(s)" in r.getMessage() for r in caplog.records)
     assert list(tier.dir.glob(".*.tmp"))  # still mid-write

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import checkpoint_file as cf
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.checkpoints import file_format as cf
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.config.profile_schema import SamplingSettings
 from velo_chat.engine.turn_runner import TurnPlan, close_boundary, follow_up_prefix

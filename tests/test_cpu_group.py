@@ -1,4 +1,4 @@
-"""Where velo-chat runs in the cgroup v2 hierarchy (`engine/cpu_group.py`), read from a cgroup
+"""Where velo-chat runs in the cgroup v2 hierarchy (`engine/scheduling/cpu_group.py`), read from a cgroup
 tree laid out as the kernel lays it out (real files in a temporary folder), and, where this
 machine's own hierarchy lets a test create a cgroup, the benchmark's busy processes in one."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import cpu_group
+from velo_chat.engine.scheduling import cpu_group
 from velo_chat.engine.bench.load import busy_processes
 
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine, PromptTooLong
 from velo_chat.engine.turn_runner import Utf8Stream
 from velo_chat.engine.events import (
@@ -203,7 +203,7 @@ def test_max_tokens_and_sampling_options(smol_engine):
 
 
 def test_threads_never_exceed_the_usable_cores(smollm2_path):
-    from velo_chat.engine.llama_context import resolve_threads, usable_cores
+    from velo_chat.engine.llama.context import resolve_threads, usable_cores
 
     assert resolve_threads(0) == usable_cores()
     assert resolve_threads(10_000) == usable_cores()
@@ -211,7 +211,7 @@ def test_threads_never_exceed_the_usable_cores(smollm2_path):
 
 
 def test_a_model_without_chat_template_is_a_clear_error():
-    from velo_chat.engine.chat_template import ChatTemplate, ChatTemplateError
+    from velo_chat.engine.prompt.chat_template import ChatTemplate, ChatTemplateError
 
     with pytest.raises(ChatTemplateError, match="has no chat template"):
         ChatTemplate(None, bos_token="", eos_token="", model_name="m.gguf")

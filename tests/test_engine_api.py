@@ -90,7 +90,7 @@ def test_apply_takes_checkpoint_and_sampling_settings_at_once_and_keeps_the_cont
     on the next turn, switched on again they save; the context settings stay as loaded."""
     import dataclasses
 
-    from velo_chat.engine.chat_template import ChatMessage
+    from velo_chat.engine.prompt.chat_template import ChatMessage
 
     from tests.support.engine_helpers import test_profile
 

@@ -16,9 +16,9 @@ from velo_chat.engine.config import locations
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.fit import estimate, llama_buffers, machine, report
 from velo_chat.engine.fit.model_facts import read_facts
-from velo_chat.engine.gguf_file import GGUFError
-from velo_chat.engine.llama_context import LlamaContext
-from velo_chat.engine.llama_model import LlamaModel
+from velo_chat.engine.llama.gguf_file import GGUFError
+from velo_chat.engine.llama.context import LlamaContext
+from velo_chat.engine.llama.model import LlamaModel
 
 from tests.support.engine_helpers import run_cli, test_profile
 from tests.support.gguf_split import split_gguf

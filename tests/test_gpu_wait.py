@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from velo_chat.engine import gpu_wait
+from velo_chat.engine.scheduling import gpu_wait
 from velo_chat.engine.config.profiles import ProfileError, build_profile, profile_to_toml
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta
 

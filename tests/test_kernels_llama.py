@@ -53,7 +53,7 @@ class TensorCapture:
     """A CPU llama.cpp context whose eval callback copies every computed tensor named `name`."""
 
     def __init__(self, model_path: Path, name: str, n_ubatch: int, n_ctx: int = 512) -> None:
-        from velo_chat.engine import llama_log
+        from velo_chat.engine.llama import log as llama_log
 
         llama_log.install()
         self.name = name.encode()

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import gguf_file
-from velo_chat.engine.llama_model import LlamaModel
+from velo_chat.engine.llama import gguf_file
+from velo_chat.engine.llama.model import LlamaModel
 from velo_chat.engine.config.profile_schema import ModelSettings
 
 from tests.support.gguf_split import copy_with_other_data, split_gguf

@@ -9,7 +9,7 @@ import dataclasses
 
 from velo_chat.app.widgets.telemetry.panel import LivePanel, speculation_line
 from velo_chat.engine.config.profile_schema import SpeculationSettings
-from velo_chat.engine.speculation import mode_if_enabled, speculation_mode
+from velo_chat.engine.speculation.stepper import mode_if_enabled, speculation_mode
 
 from tests.support.tui_helpers import fake_app
 from tests.test_tui_flows import SIZE, ready

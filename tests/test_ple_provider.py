@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from tests.support.engine_helpers import test_profile
-from velo_chat.engine import gguf_file, ple_provider
-from velo_chat.engine.llama_context import DecodeError, LlamaContext
-from velo_chat.engine.llama_model import LlamaModel
+from velo_chat.engine.llama import gguf_file, ple_provider
+from velo_chat.engine.llama.context import DecodeError, LlamaContext
+from velo_chat.engine.llama.model import LlamaModel
 
 ll = pytest.importorskip("llama_cpp.llama_cpp")
 
@@ -119,7 +119,7 @@ def test_plan_says_why_it_runs_stock(qwen_path: Path, smollm2_path: Path, caplog
     cpu_only = ple_provider.plan("auto", qwen, 0)
     assert (cpu_only.mode, cpu_only.reason) == ("stock", "no layers on the GPU (n_gpu_layers = 0)")
     if ple_provider.cuda_buffer_type() is None:  # a CPU build: asking for the GPU logs why not
-        with caplog.at_level(logging.WARNING, logger="velo_chat.engine.ple_provider"):
+        with caplog.at_level(logging.WARNING, logger="velo_chat.engine.llama.ple_provider"):
             forced = ple_provider.plan("gpu", qwen, -1)
         assert forced.mode == "stock" and "no CUDA device" in forced.reason
         assert any("no CUDA device" in r.getMessage() for r in caplog.records)

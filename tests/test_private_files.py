@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import llama_log
+from velo_chat.engine.llama import log as llama_log
 from velo_chat.engine.config import locations
 from velo_chat.engine.atomic_file import atomic_produce, atomic_write_text
 from velo_chat.engine.config.profiles import save_user_profile, set_active_profile

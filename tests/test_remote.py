@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.config import locations
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.engine.events import PrefillProgress, TokenDelta, TurnDone

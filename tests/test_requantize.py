@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import gguf_file
+from velo_chat.engine.llama import gguf_file
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.setup import default_model
 from velo_chat.engine.setup.requantize import RequantizeError, derived_name, requantize
 

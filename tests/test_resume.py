@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TurnDone, TurnStarted
 

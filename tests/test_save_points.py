@@ -1,4 +1,4 @@
-"""Save points that later turns keep, on a thinking template (`engine/save_points.py`).
+"""Save points that later turns keep, on a thinking template (`engine/checkpoints/save_points.py`).
 
 The tiny hybrid qwen4exp with the real Qwen3.5 template: its generation prompt ends in
 `<think>\\n`, which a follow-up never contains (earlier replies are rendered without their
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import CheckpointSaved, TokenDelta, TurnDone
-from velo_chat.engine.save_points import stable_prefix
+from velo_chat.engine.checkpoints.save_points import stable_prefix
 
 from tests.support.engine_helpers import test_profile
 from tests.support.gguf_template import with_chat_template

@@ -25,9 +25,10 @@ from tests.support.spec_helpers import (
     spec_engine,
     tolerance,
 )
-from velo_chat.engine import spec_cost, speculation, turn_runner
-from velo_chat.engine.spec_cost import CostModel, best_draft_length
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation import cost as spec_cost, stepper as speculation
+from velo_chat.engine import turn_runner
+from velo_chat.engine.speculation.cost import CostModel, best_draft_length
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 UNIT = 0.001  # a one-token step's seconds
 

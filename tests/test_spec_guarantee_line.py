@@ -82,8 +82,8 @@ def test_k_quant_weights_are_not_promised_bit_identical(
 def test_batch_weight_types(smollm2_path: Path) -> None:
     """SmolLM2 ties its output to the token embeddings (Q8_0), so they are multiplied too; a
     model with an output matrix of its own only reads rows from them (and 1-D norms never count)."""
-    from velo_chat.engine.gguf_file import GGUFHeader, TensorInfo, read_header
-    from velo_chat.engine.speculation import batch_weight_types
+    from velo_chat.engine.llama.gguf_file import GGUFHeader, TensorInfo, read_header
+    from velo_chat.engine.speculation.stepper import batch_weight_types
 
     assert batch_weight_types([read_header(smollm2_path)]) == {3, 8}  # Q4_1 layers, Q8_0 output
 
@@ -106,8 +106,8 @@ def test_batch_weight_types_read_every_shard(smollm2_path: Path, tmp_path: Path)
     """A split model's first shard may hold only the token embeddings: the layers' Q4_1 weights
     are in the other shards, and the engine's guarantee must see them."""
     from tests.support.gguf_split import split_gguf
-    from velo_chat.engine.gguf_file import read_header, shard_headers
-    from velo_chat.engine.speculation import batch_weight_types
+    from velo_chat.engine.llama.gguf_file import read_header, shard_headers
+    from velo_chat.engine.speculation.stepper import batch_weight_types
 
     shards = split_gguf(smollm2_path, tmp_path / "smol.gguf", max_tensors=1)
     first = read_header(shards[0])

@@ -23,9 +23,10 @@ from tests.support.spec_helpers import (
     spec_engine,
     tolerance,
 )
-from velo_chat.engine import speculation, turn_runner
-from velo_chat.engine.spec_cost import CostModel
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation import stepper as speculation
+from velo_chat.engine import turn_runner
+from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 
 def _stepper(

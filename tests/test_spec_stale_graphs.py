@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.spec_helpers import PROSE, spec_engine
-from velo_chat.engine import spec_cost
+from velo_chat.engine.speculation import cost as spec_cost
 from velo_chat.engine.live_sequence import KV_WINDOW
-from velo_chat.engine.spec_cost import CostModel
+from velo_chat.engine.speculation.cost import CostModel
 
 
 def test_graph_stale_is_when_llama_cpp_cannot_reuse_its_graph(smollm2_path: Path, tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 
-from velo_chat.engine import spec_cost, speculation
-from velo_chat.engine.spec_cost import CostModel
-from velo_chat.engine.spec_draft import NgramIndex
+from velo_chat.engine.speculation import cost as spec_cost, stepper as speculation
+from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.speculation.draft import NgramIndex
 
 
 def test_ngram_index_finds_the_longest_recent_match() -> None:

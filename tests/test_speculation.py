@@ -39,14 +39,14 @@ from tests.support.spec_helpers import (
     tolerance as _tolerance,
 )
 from velo_chat.engine import turn_runner
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.bench.spec import workloads
-from velo_chat.engine.checkpoints import state_layout
+from velo_chat.engine.checkpoints.manager import state_layout
 from velo_chat.engine.config.profiles import ProfileError
-from velo_chat.engine.spec_cost import CostModel
-from velo_chat.engine.spec_draft import NgramIndex
-from velo_chat.engine.llama_context import DecodeError
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.speculation.draft import NgramIndex
+from velo_chat.engine.llama.context import DecodeError
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 
 @pytest.fixture
@@ -472,7 +472,7 @@ def test_greedy_pick_is_the_samplers_token(request, tmp_path: Path, model: str) 
     """A verify batch's positions read greedily in place (`Sampler.pick`) give the tokens the
     sampler chain gives; a chain with a repeat penalty goes through the chain."""
     from velo_chat.engine.config.profile_schema import SamplingSettings
-    from velo_chat.engine.sampling import Sampler
+    from velo_chat.engine.llama.sampling import Sampler
 
     path = request.getfixturevalue(f"{model}_path")
     with _engine(path, tmp_path, spec=True) as engine:

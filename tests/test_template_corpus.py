@@ -13,7 +13,7 @@ before its answer. Every follow-up must
 - and the preview before each turn must say exactly what the turn then reuses.
 
 A hybrid model resumes only from exact prefixes, so this holds only because the state is saved
-where every continuation agrees (`engine/save_points.py`) and the boundary after a reply is
+where every continuation agrees (`engine/checkpoints/save_points.py`) and the boundary after a reply is
 rebuilt from there (`close_boundary`). The templates come from the llama-cpp-python sdist
 (`tests/support/llama_templates.py`); none is copied into the repository.
 """
@@ -24,7 +24,7 @@ import datetime
 
 import pytest
 
-from velo_chat.engine import template_env
+from velo_chat.engine.prompt import template_env
 
 from tests.support.llama_templates import read_template, templates_dir
 from tests.support.template_corpus import run_template

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from velo_chat.app.conversation import engine_messages, record, start_turn
-from velo_chat.engine.chat_template import ChatMessage, ChatTemplate
+from velo_chat.engine.prompt.chat_template import ChatMessage, ChatTemplate
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnStarted
 from velo_chat.engine.config.profile_schema import ReasoningSettings
-from velo_chat.engine.thinking import ReasoningSplitter, requested
+from velo_chat.engine.prompt.thinking import ReasoningSplitter, requested
 from velo_chat.store import SessionStore
 
 from tests.support.engine_helpers import run_cli, test_profile

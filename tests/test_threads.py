@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.engine import threads, turn_runner
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.scheduling import threads
+from velo_chat.engine import turn_runner
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import ModelLoaded, TokenDelta, TurnDone
 from velo_chat.engine.config.profiles import ProfileError, build_profile, load_profile, profile_to_toml
-from velo_chat.engine.threads import CpuLoad, LoadSample, ThreadGovernor, plan_threads
+from velo_chat.engine.scheduling.threads import CpuLoad, LoadSample, ThreadGovernor, plan_threads
 
 from tests.support.engine_helpers import run_cli, test_profile
 from tests.support.spec_helpers import forcing_stepper, oracle_session, run_turn, spec_engine

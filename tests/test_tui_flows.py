@@ -16,7 +16,7 @@ from velo_chat.app.gc_hold import HELD_THRESHOLD
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.sessions.sidebar import SessionList
 from velo_chat.app.widgets.transcript.transcript import Transcript
-from velo_chat.engine.gguf_file import GGUFError
+from velo_chat.engine.llama.gguf_file import GGUFError
 from velo_chat.engine.config.profiles import active_profile_name
 
 from tests.support.fake_engine import FakeScript

@@ -19,8 +19,8 @@ from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.sessions.sidebar import SessionList
 from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine.config import locations
-from velo_chat.engine.gguf_file import GGUFError
-from velo_chat.engine.llama_model import ModelLoadError
+from velo_chat.engine.llama.gguf_file import GGUFError
+from velo_chat.engine.llama.model import ModelLoadError
 from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
 

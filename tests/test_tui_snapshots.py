@@ -13,8 +13,8 @@ import pytest
 from velo_chat.app.dialogs.message import MessageDialog
 from velo_chat.app.screens.chat import ChatScreen
 from velo_chat.app.widgets.composer.composer import Composer
-from velo_chat.engine.gguf_file import GGUFError
-from velo_chat.engine.thinking import ThinkingSupport
+from velo_chat.engine.llama.gguf_file import GGUFError
+from velo_chat.engine.prompt.thinking import ThinkingSupport
 
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app

@@ -11,7 +11,7 @@ from textual.widgets import Collapsible, Static
 
 from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.thinking import ThinkingSupport
+from velo_chat.engine.prompt.thinking import ThinkingSupport
 
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app

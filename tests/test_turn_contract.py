@@ -18,7 +18,7 @@ import pytest
 from velo_chat.app.engine_host import EngineHost
 from velo_chat.app.generation import TurnRequest, run_turn
 from velo_chat.app.messages import TurnAccepted, TurnEnded, TurnRejected
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine, PromptTooLong
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
 from velo_chat.store import SessionStore

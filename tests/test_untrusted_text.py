@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from llama_cpp import llama_cpp as ll
 
-from velo_chat.engine.chat_template import ChatMessage, ChatTemplate
+from velo_chat.engine.prompt.chat_template import ChatMessage, ChatTemplate
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TurnStarted
-from velo_chat.engine.llama_model import LlamaModel
-from velo_chat.engine.prompt_tokens import PromptTokenizer, SpecialTokens
+from velo_chat.engine.llama.model import LlamaModel
+from velo_chat.engine.prompt.tokens import PromptTokenizer, SpecialTokens
 from velo_chat.engine.turn_runner import follow_up_prefix
 
 from tests.support.engine_helpers import test_profile

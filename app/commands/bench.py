@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from velo_chat.engine import cpu_group
+from velo_chat.engine.scheduling import cpu_group
 from velo_chat.engine.bench.remote import run_remote_bench
 from velo_chat.engine.bench.result import BenchResult
 from velo_chat.engine.bench.run import DEFAULT_DECODE_TOKENS, format_table, run_bench

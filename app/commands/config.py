@@ -9,8 +9,8 @@ from velo_chat.engine.config import locations
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.config.profiles import profile_to_toml, settings_path
 from velo_chat.engine.fit import machine, report
-from velo_chat.engine.gguf_file import GGUFError
-from velo_chat.engine.threads import preview_plan
+from velo_chat.engine.llama.gguf_file import GGUFError
+from velo_chat.engine.scheduling.threads import preview_plan
 
 from .common import resolve_profile
 

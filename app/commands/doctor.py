@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from velo_chat.engine import cpu_group
+from velo_chat.engine.scheduling import cpu_group
 from velo_chat.engine.engine import resolve_model_path
 from velo_chat.engine.fit import machine, report, residency
 from velo_chat.engine.fit.estimate import fmt
 from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.gguf_file import GGUFError, read_header, shard_headers
-from velo_chat.engine.speculation import X86_64, batch_weight_types, weight_rounding
+from velo_chat.engine.llama.gguf_file import GGUFError, read_header, shard_headers
+from velo_chat.engine.speculation.stepper import X86_64, batch_weight_types, weight_rounding
 from velo_chat.engine.setup.default_model import DefaultModelMissing
 from velo_chat.kernels import cudart
 

@@ -22,7 +22,7 @@ from textual.worker import get_current_worker
 
 from velo_chat.engine.events import ModelLoaded
 from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
-from velo_chat.engine.thinking import ThinkingSupport, requested
+from velo_chat.engine.prompt.thinking import ThinkingSupport, requested
 from velo_chat.store import Session
 from velo_chat.store.input_text import BinaryInput, clean_text
 

@@ -17,7 +17,7 @@ from textual.widgets import Static
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.events import ModelLoaded
 from velo_chat.engine.setup import default_model
-from velo_chat.engine.thinking import ThinkingSupport
+from velo_chat.engine.prompt.thinking import ThinkingSupport
 
 from ..dialogs.confirm import ConfirmDialog
 from ..dialogs.message import error_dialog

@@ -9,7 +9,7 @@
   terminal do, in velo-chat's cgroup (as in a pane of the same tmux server): every thread then
   counts alike. With `cgroup` they run in a cgroup beside velo-chat's, as a desktop runs a
   compile started in another terminal tab: with cgroup v2's cpu controller the two groups share
-  the CPUs first and the threads within each (`engine/cpu_group.py`). With `same_session` they
+  the CPUs first and the threads within each (`engine/scheduling/cpu_group.py`). With `same_session` they
   are this process's children (docs/threads.md). (Linux's autogroup, which groups by session,
   applies only to processes in the root cgroup.)
 
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import cpu_group
-from ..threads import CpuLoad
+from ..scheduling import cpu_group
+from ..scheduling.threads import CpuLoad
 
 if TYPE_CHECKING:
     from .result import BenchResult

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from ..api import EngineAPI
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..events import TurnDone, TurnFailed, TurnStats
 from .result import FILLER, BenchResult
 

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..engine import Engine
 
 FILLER = (

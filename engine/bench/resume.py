@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint_file as cf
-from ..chat_template import ChatMessage
+from ..checkpoints import file_format as cf
+from ..prompt.chat_template import ChatMessage
 from ..engine import Engine
 from ..config.profiles import profile_to_toml
 

@@ -11,7 +11,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..engine import Engine
 from ..events import TurnDone
 from ..config.profiles import build_profile

@@ -26,7 +26,7 @@ from . import session as bench_session
 from .resume import run_resume_bench
 from .spec import format_spec_lines, spec_section
 from .spec_source import CopyEditSource
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..engine import Engine
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..engine import Engine
 from ..config.profiles import profile_to_toml
 

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..engine import Engine, PromptTooLong
 from ..events import TokenDelta, TurnDone, TurnStats
 from ..live_sequence import common_prefix

@@ -91,7 +91,7 @@ def n_rs_seq_of(profile: Profile, facts: ModelFacts) -> int:
     engine keeps one per draft token (`speculation.max_draft`), so a rejected draft can be
     rolled back; none otherwise. A hybrid model's verify batches are never bit-identical to
     one-token steps, so it drafts (and keeps snapshots) only where the profile accepts the
-    batch rounding (`engine/speculation.py: speculation_mode`)."""
+    batch rounding (`engine/speculation/stepper.py: speculation_mode`)."""
     spec = profile.speculation
     if not facts.hybrid or not getattr(spec, "enabled", False):
         return 0
@@ -133,7 +133,7 @@ def estimate(
     """Every term of the memory the profile needs. `gpu_offload`: the llama.cpp build can put
     layers on a GPU; `integrated_gpu`: that GPU allocates from system RAM (its terms still say
     GPU; the report compares them with MemAvailable); `ple_gpu`: the PLE rows are gathered on the
-    GPU (`model.ple_gather` resolved to "gpu", engine/ple_provider.py), which puts the
+    GPU (`model.ple_gather` resolved to "gpu", engine/llama/ple_provider.py), which puts the
     token-embedding table on the GPU too."""
     place = Placement.of(facts.n_layer, profile.model.n_gpu_layers, gpu_offload)
     ple_gpu = ple_gpu and place.any_gpu

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .. import llama_log
+from ..llama import log as llama_log
 from .estimate import Term
 
 MIB = 1 << 20

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..threads import usable_cores
+from ..scheduling.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def probe() -> Machine:
 @dataclass(frozen=True)
 class LoadAverage:
     """The cores this process may run on and the 1-minute load average (runnable tasks), for
-    doctor's advice (the decode's own sampling of the CPUs is `engine/threads.py: CpuLoad`)."""
+    doctor's advice (the decode's own sampling of the CPUs is `engine/scheduling/threads.py: CpuLoad`)."""
 
     cores: int
     load1: float

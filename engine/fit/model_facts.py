@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import gguf_file
+from ..llama import gguf_file
 
 PLE_TENSOR = "per_layer_token_embd.weight"
 INPUT_TENSORS = ("token_embd.", "token_types.", "position_embd.", "per_layer_token_embd.")

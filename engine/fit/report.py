@@ -188,12 +188,12 @@ def _report(profile: Profile, facts: ModelFacts, machine: Machine, ple_gpu: bool
 
 
 def ple_gather_on_gpu(profile: Profile, facts: ModelFacts, machine: Machine) -> bool:
-    """Whether the load will take the GPU PLE gather (engine/ple_provider.py decides it the same
+    """Whether the load will take the GPU PLE gather (engine/llama/ple_provider.py decides it the same
     way before the load), which moves the token-embedding table to the GPU."""
     m = profile.model
     if not (facts.ple_bytes and machine.gpu_offload and m.n_gpu_layers != 0 and m.ple_gather != "stock"):
         return False
-    from .. import gguf_file, ple_provider
+    from ..llama import gguf_file, ple_provider
 
     # "auto" for "gpu" too: the same decision, without the warning the load itself logs
     return ple_provider.plan("auto", gguf_file.read_header(facts.path), m.n_gpu_layers).mode == "gpu"

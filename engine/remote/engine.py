@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..api import EngineFacts
-from ..chat_template import ChatMessage
+from ..prompt.chat_template import ChatMessage
 from ..config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from ..engine import Turn
 from ..events import (
@@ -38,7 +38,7 @@ from ..events import (
     TurnStarted,
     TurnStats,
 )
-from ..thinking import ThinkingSupport, requested
+from ..prompt.thinking import ThinkingSupport, requested
 from .errors import RemoteError, describe, import_openai
 
 log = logging.getLogger(__name__)

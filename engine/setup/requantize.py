@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import gguf_file, llama_log
+from ..llama import gguf_file, log as llama_log
 from ..atomic_file import atomic_produce
 
 log = logging.getLogger(__name__)

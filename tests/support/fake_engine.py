@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from velo_chat.engine.api import EngineAPI, EngineFacts
 from velo_chat.engine.engine import PromptTooLong, ResumePreview, Turn
-from velo_chat.engine.llama_model import LoadCancelled
+from velo_chat.engine.llama.model import LoadCancelled
 from velo_chat.engine.events import (
     ModelLoaded,
     ModelLoading,
@@ -23,7 +23,7 @@ from velo_chat.engine.events import (
     TurnStarted,
     TurnStats,
 )
-from velo_chat.engine.thinking import ThinkingSupport, requested
+from velo_chat.engine.prompt.thinking import ThinkingSupport, requested
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:

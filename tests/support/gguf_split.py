@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from velo_chat.engine import gguf_file
+from velo_chat.engine.llama import gguf_file
 
 
 def split_gguf(src: Path, out: Path, *, max_tensors: int) -> list[Path]:

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 
 from tests.support.engine_helpers import test_profile
-from velo_chat.engine.chat_template import ChatMessage
+from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
-from velo_chat.engine.spec_cost import CostModel
-from velo_chat.engine.speculation import SpecStepper
+from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.speculation.stepper import SpecStepper
 
 COPY = [
     ChatMessage(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from velo_chat.app.conversation import engine_messages, record, start_turn
-from velo_chat.engine.chat_template import ChatMessage, ChatTemplateError
+from velo_chat.engine.prompt.chat_template import ChatMessage, ChatTemplateError
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed, TurnStarted
 from velo_chat.engine.live_sequence import common_prefix

@@ -1,5 +1,5 @@
 """Pure text helpers for the transcript: code blocks (a reply's reasoning arrives apart from its
-answer, split by the engine: `engine/thinking.py`)."""
+answer, split by the engine: `engine/prompt/thinking.py`)."""
 
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from . import checkpoint_file as cf
-from .config import locations
+from . import file_format as cf
+from ..config import locations
 
 log = logging.getLogger(__name__)
 

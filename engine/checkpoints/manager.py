@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from . import checkpoint_file as cf
-from .checkpoint_tiers import DiskEntry, DiskTier, RamEntry, RamTier
-from .llama_context import LlamaContext
-from .config.profile_schema import CheckpointSettings
+from . import file_format as cf
+from .tiers import DiskEntry, DiskTier, RamEntry, RamTier
+from ..llama.context import LlamaContext
+from ..config.profile_schema import CheckpointSettings
 
 log = logging.getLogger(__name__)
 

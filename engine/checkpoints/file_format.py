@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .atomic_file import atomic_write
+from ..atomic_file import atomic_write
 
 MAGIC = b"VELOCKPT"
 FORMAT_VERSION = 2

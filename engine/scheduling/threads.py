@@ -32,7 +32,7 @@ from .gpu_wait import GpuWait
 from .gpu_wait import preview as preview_gpu_wait
 
 if TYPE_CHECKING:
-    from .config.profile_schema import ContextSettings, Profile
+    from ..config.profile_schema import ContextSettings, Profile
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def preview_plan(profile: Profile, model_path: Path | None) -> tuple[ThreadPlan,
         if not supports:
             note = note or "this llama.cpp build has no GPU"
         elif n_gpu > 0:
-            from . import gguf_file
+            from ..llama import gguf_file
 
             try:
                 if model_path is None:

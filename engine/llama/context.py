@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .llama_model import LlamaModel
-from .config.profile_schema import ContextSettings
-from .threads import (
+from .model import LlamaModel
+from ..config.profile_schema import ContextSettings
+from ..scheduling.threads import (
     ThreadGovernor,
     ThreadPlan,
     Threadpools,
@@ -90,7 +90,7 @@ class LlamaContext:
         self.params = params
         ctx = ll.llama_init_from_model(model.model, params)
         if not ctx:
-            from . import llama_log
+            from . import log as llama_log
 
             why = llama_log.last_error() or "see the log"
             raise ContextCreateError(

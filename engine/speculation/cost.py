@@ -1,7 +1,7 @@
 """When a speculative draft pays: what a verify batch costs against a one-token step
 (`CostModel`, timed live), how likely a draft of a given match length is to be accepted
 (`Acceptance`), and the draft length with the most expected tokens per unit of time
-(`best_draft_length`). `engine/speculation.py`'s stepper asks these before every step.
+(`best_draft_length`). `engine/speculation/stepper.py`'s stepper asks these before every step.
 
 Drafting pays only where a batch of n tokens costs less than n one-token steps times the tokens
 it is expected to yield; on a GPU a new graph when the batch size changes is the largest cost

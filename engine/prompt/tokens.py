@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .prompt_segments import Segment
+from .segments import Segment
 
 Tokenize = Callable[[str, bool], list[int]]  # (text, parse_special) -> tokens
 _CACHE_MAX_CHARS = 2048

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.dequant import check_rows
+from ...kernels.dequant import check_rows
 from .gguf_file import GGUFHeader
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class PleProvider:
     NATIVE = True  # decode gathers in C when the build has it (False: every gather calls Python)
 
     def __init__(self, model_path: Path, model_ptr: Any, native: bool | None = None) -> None:
-        from ..kernels.ple_table import PleTable
+        from ...kernels.ple_table import PleTable
 
         self.table = PleTable.open(model_path)
         self._warm_up()
@@ -260,7 +260,7 @@ class PleProvider:
         import cupy
         import cupyx
 
-        from ..kernels.cuda_kernels import BLOCK, ggml_type_id, kernel
+        from ...kernels.cuda_kernels import BLOCK, ggml_type_id, kernel
 
         cap = self.NATIVE_CAPACITY
         if t.mode == "registered" and t.stage_above_rows is not None:
@@ -328,7 +328,7 @@ class PleProvider:
     def _stream(self, handle: int) -> Any:
         s = self._streams.get(handle)
         if s is None:
-            from ..kernels.cuda_kernels import as_stream
+            from ...kernels.cuda_kernels import as_stream
 
             s = self._streams[handle] = as_stream(handle)
         return s
@@ -388,7 +388,7 @@ class PleProvider:
             import cupy
             import cupyx
 
-            from ..kernels.cuda_kernels import GatherLaunch
+            from ...kernels.cuda_kernels import GatherLaunch
 
             if len(self._prepared) >= self.MAX_PREPARED:
                 for old in self._prepared.values():

@@ -26,7 +26,7 @@ from typing import Any
 
 from jinja2 import meta, nodes
 
-from .config.profile_schema import ReasoningSettings
+from ..config.profile_schema import ReasoningSettings
 
 SWITCHES: tuple[tuple[str, Any, Any], ...] = (
     ("enable_thinking", True, False),

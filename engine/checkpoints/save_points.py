@@ -21,8 +21,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from .chat_template import ChatMessage, ChatTemplateError
-from .live_sequence import common_prefix
+from ..prompt.chat_template import ChatMessage, ChatTemplateError
+from ..live_sequence import common_prefix
 
 log = logging.getLogger(__name__)
 

@@ -46,12 +46,12 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from .config.profile_schema import SpeculationSettings
-from .gguf_file import GGML_TYPE_NAMES, GGUFHeader
-from .live_sequence import LiveSequence
-from .sampling import Sampler
-from .spec_cost import Acceptance, CostModel, best_draft_length
-from .spec_draft import NgramIndex
+from ..config.profile_schema import SpeculationSettings
+from ..llama.gguf_file import GGML_TYPE_NAMES, GGUFHeader
+from ..live_sequence import LiveSequence
+from ..llama.sampling import Sampler
+from .cost import Acceptance, CostModel, best_draft_length
+from .draft import NgramIndex
 
 CUDA_OFFLOAD_BATCH = 32
 """ggml's CUDA backend computes a batch of this many tokens or more on the GPU even for layers

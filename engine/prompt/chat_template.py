@@ -19,7 +19,7 @@ import jinja2
 from jinja2 import nodes
 
 from . import template_env
-from .prompt_segments import PromptSplitter, Segment
+from .segments import PromptSplitter, Segment
 from .thinking import ThinkingSupport, inspect_template
 
 _SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}

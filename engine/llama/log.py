@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from .config import locations
+from ..config import locations
 
 logger = logging.getLogger("velo_chat.llama")
 

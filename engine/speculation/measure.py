@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config.profile_schema import SpeculationSettings
-from .live_sequence import LiveSequence
-from .sampling import Sampler
-from .speculation import SpecCounters, SpecStepper
+from ..config.profile_schema import SpeculationSettings
+from ..live_sequence import LiveSequence
+from ..llama.sampling import Sampler
+from .stepper import SpecCounters, SpecStepper
 
 
 def verify_batch_costs(

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .config.profile_schema import SamplingSettings
-from .llama_context import DecodeError
+from ..config.profile_schema import SamplingSettings
+from .context import DecodeError
 
 
 def _addr_fn(ll: object) -> Callable[[object, int], int | None]:

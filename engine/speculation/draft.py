@@ -1,5 +1,5 @@
 """The draft source of n-gram speculation: where each recent n-gram of the session's tokens
-last occurred, and what followed it there (`engine/speculation.py` verifies the drafts).
+last occurred, and what followed it there (`engine/speculation/stepper.py` verifies the drafts).
 
 Chosen over a suffix automaton for its constant, small per-token cost in Python
 (docs/speculation.md has the measurements)."""

@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import gguf_file, gpu_wait, llama_log, ple_provider
-from .chat_template import ChatTemplate, ChatTemplateError
-from .config.profile_schema import ModelSettings
-from .prompt_segments import Segment
-from .prompt_tokens import PromptTokenizer, scan_vocab
+from . import gguf_file, log as llama_log, ple_provider
+from ..scheduling import gpu_wait
+from ..prompt.chat_template import ChatTemplate, ChatTemplateError
+from ..config.profile_schema import ModelSettings
+from ..prompt.segments import Segment
+from ..prompt.tokens import PromptTokenizer, scan_vocab
 
 log = logging.getLogger(__name__)
 
