@@ -5,7 +5,7 @@
 #   make check                lint, format and types only (needs the .venv a bootstrap made)
 CUDA_ARCH ?=
 PYTEST_ARGS ?=
-PY_DIRS = app engine kernels store tests benchmarks
+PY_DIRS = app engine kernels store tests benchmarks devkit
 
 .PHONY: run test bootstrap check typecheck
 

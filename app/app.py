@@ -11,15 +11,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 from textual.signal import Signal
 
-from velo_chat.engine.config import locations
-from velo_chat.engine.config.profile_schema import SECTIONS, Profile
-from velo_chat.engine.config.profiles import ProfileError, set_active_profile
+from velo_chat.engine import ProfileError
+from velo_chat.engine.config import SECTIONS, Profile, database_path, set_active_profile
 from velo_chat.store import SessionStore
 
 from . import keymap
@@ -27,6 +26,9 @@ from .dialogs.confirm import ConfirmDialog
 from .dialogs.message import error_dialog
 from .engine_host import EngineFactory, EngineHost, real_engine
 from .errors import USER_ERRORS
+from .screens.chat import ChatScreen
+from .screens.help import HelpScreen
+from .screens.settings import SettingsScreen
 from .settings import AppSettings, load_app_settings
 from .sysinfo import memory_probe as default_memory_probe
 from .widgets.telemetry.panel import MemoryProbe
@@ -65,7 +67,6 @@ class VeloChatApp(App[None]):
         memory_interval: float | None,
         cursor_blink: bool,
         load_on_start: bool,
-        turn_kwargs: dict[str, Any],
         owns_store: bool,
         pace_stream: bool = True,
     ) -> None:
@@ -80,14 +81,11 @@ class VeloChatApp(App[None]):
         self.memory_interval = memory_interval
         self.cursor_blink = cursor_blink
         self.load_on_start = load_on_start
-        self.turn_kwargs = turn_kwargs
         self.pace_stream = pace_stream
         self._owns_store = owns_store
         self.profile_changed: Signal[Profile] = Signal(self, "profile-changed")
 
     def on_mount(self) -> None:
-        from .screens.chat import ChatScreen
-
         # The chat screen first: keys typed while the app starts go to its composer.
         self.push_screen(ChatScreen())
         if self.settings.keymap:
@@ -112,8 +110,6 @@ class VeloChatApp(App[None]):
         the model or context rebuilt asks first, then reloads in the background, and the
         profile is adopted only once its model is loaded (a failed load keeps the previous one
         running). `activate` also saves it as the active profile, at the same moment."""
-        from .screens.chat import ChatScreen
-
         need = reload_needed(self.host.loaded_profile or self.profile, profile)
         chat = next((s for s in self.screen_stack if isinstance(s, ChatScreen)), None)
         if need is None or chat is None:
@@ -167,14 +163,10 @@ class VeloChatApp(App[None]):
     # -- actions and the palette --------------------------------------------------------------
 
     def action_help(self) -> None:
-        from .screens.help import HelpScreen
-
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
     def action_settings(self) -> None:
-        from .screens.settings import SettingsScreen
-
         if not isinstance(self.screen, SettingsScreen):
             self.push_screen(SettingsScreen())
 
@@ -210,16 +202,15 @@ def make_app(
     memory_interval: float | None = 2.0,
     cursor_blink: bool = True,
     load_on_start: bool = True,
-    turn_kwargs: dict[str, Any] | None = None,
     pace_stream: bool = True,
 ) -> VeloChatApp:
     """Build the app. Tests pass a fake `engine_factory`, a store on a temp path, fixed clocks,
     `cursor_blink=False`, `memory_interval=None` and `pace_stream=False` (the stream's pace
-    would follow the machine's CPU); the benchmark passes `turn_kwargs`."""
+    would follow the machine's CPU)."""
     owns = store is None
     return VeloChatApp(
         profile,
-        store=store or SessionStore(locations.database_path()),
+        store=store or SessionStore(database_path()),
         host=EngineHost(engine_factory),
         settings=settings or load_app_settings(),
         clock=clock,
@@ -228,7 +219,12 @@ def make_app(
         memory_interval=memory_interval,
         cursor_blink=cursor_blink,
         load_on_start=load_on_start,
-        turn_kwargs=turn_kwargs or {},
         owns_store=owns,
         pace_stream=pace_stream,
     )
+
+
+if TYPE_CHECKING:
+    from .screens.base import VeloApp
+
+    _screens_view: type[VeloApp] = VeloChatApp  # the screens see the app through `VeloApp`

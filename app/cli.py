@@ -12,10 +12,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from velo_chat.engine.llama import log as llama_log
-from velo_chat.engine.config import locations
-from velo_chat.engine.fit.report import DoesNotFit
-from velo_chat.engine.setup.requantize import TYPES
+from velo_chat.engine import DoesNotFit
+from velo_chat.engine.config import log_path, setup_file_logging
+from velo_chat.engine.setup import REQUANTIZE_TYPES
 
 from .errors import USER_ERRORS
 
@@ -51,6 +50,8 @@ _FORCE_HELP = "load the model even if the fit check says it does not fit in memo
 _temperature = _bounded(float, 0.0, 5.0)
 _seed = _bounded(int, 0, 2**32 - 1)
 
+Subcommands = argparse._SubParsersAction  # what `add_subparsers` returns
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -64,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help=_FORCE_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_ask, _profiles, _sessions, _bench, _doctor, _fetch_model, _requantize):
+        add(sub)
+    return p
 
+
+def _ask(sub: Subcommands) -> None:
+    """`velo-chat ask`: one turn in a stored session."""
     ask = sub.add_parser("ask", help="one turn, streamed to stdout")
     ask.add_argument("prompt", nargs="?", help="the message; '-' reads it from stdin")
     which = ask.add_mutually_exclusive_group()
@@ -85,12 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
 
+
+def _profiles(sub: Subcommands) -> None:
+    """`velo-chat profiles list|show`."""
     profiles = sub.add_parser("profiles", help="list or show profiles")
     psub = profiles.add_subparsers(dest="profiles_command", metavar="ACTION", required=True)
     psub.add_parser("list", help="every profile, shipped and user")
     show = psub.add_parser("show", help="a profile's resolved settings as TOML")
     show.add_argument("name")
 
+
+def _sessions(sub: Subcommands) -> None:
+    """`velo-chat sessions ...`: the session store."""
     sessions = sub.add_parser("sessions", help="manage stored sessions")
     ssub = sessions.add_subparsers(dest="sessions_command", metavar="ACTION", required=True)
     sl = ssub.add_parser("list", help="most recent first")
@@ -116,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     sq = ssub.add_parser("search", help="search message text")
     sq.add_argument("query")
 
+
+def _bench(sub: Subcommands) -> None:
+    """`velo-chat bench`: its sections, then the speculation and busy-machine options."""
     bench = sub.add_parser("bench", help="measure prefill, decode, TTFT and engine overhead")
     bench.add_argument("--model", metavar="PATH", help="GGUF to measure instead of the profile's")
     bench.add_argument("--profile", dest="bench_profile", metavar="NAME")
@@ -147,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="stock,gpu",
         help="run the benchmark once per qwen4exp PLE path (ple_gather) and compare them",
     )
+    _bench_speculation(bench)
+    _bench_load(bench)
+    bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    bench.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
+
+
+def _bench_speculation(bench: argparse.ArgumentParser) -> None:
+    """`velo-chat bench --spec` and the copy-edit workload's source."""
     bench.add_argument(
         "--spec",
         action="store_true",
@@ -164,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --spec-file: the rename the copy-edit prompt asks for (default: the name the "
         "file defines and uses most)",
     )
+
+
+def _bench_load(bench: argparse.ArgumentParser) -> None:
+    """`velo-chat bench --load` (busy processes beside the decode) and fixed thread counts."""
     bench.add_argument(
         "--load",
         type=_bounded(int, 0, 1024),
@@ -191,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N,N,...",
         help="also decode with each fixed thread count (and beside the busy processes with --load)",
     )
-    bench.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    bench.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
 
+
+def _doctor(sub: Subcommands) -> None:
+    """`velo-chat doctor`."""
     doctor = sub.add_parser("doctor", help="check this machine, the llama.cpp build and the model's fit")
     doctor.add_argument("--profile", dest="doctor_profile", metavar="NAME", help="profile to check")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
@@ -201,24 +230,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--warm-ple", action="store_true", help="read the PLE table into the page cache first, with progress"
     )
 
+
+def _fetch_model(sub: Subcommands) -> None:
+    """`velo-chat fetch-model`."""
     fetch = sub.add_parser("fetch-model", help="download and verify the embedded default model")
     fetch.add_argument("--force", action="store_true", help="download again even if present")
     fetch.add_argument("--quiet", action="store_true")
 
+
+def _requantize(sub: Subcommands) -> None:
+    """`velo-chat requantize`."""
     requant = sub.add_parser(
         "requantize",
         help="write a copy of a GGUF with its weights requantized (Q8_0: faster batches on a CPU)",
     )
     requant.add_argument("model", metavar="MODEL", help='a GGUF file, or "default" for the embedded model')
-    requant.add_argument("--to", choices=sorted(TYPES), default="q8_0", help="the weight type (default q8_0)")
+    requant.add_argument(
+        "--to", choices=sorted(REQUANTIZE_TYPES), default="q8_0", help="the weight type (default q8_0)"
+    )
     requant.add_argument("--out", metavar="PATH", help="where to write it (default: beside MODEL, renamed)")
     requant.add_argument("--overwrite", action="store_true", help="replace PATH if it exists")
-    return p
 
 
 def _setup_logging() -> None:
     try:
-        llama_log.setup_file_logging(str(locations.log_path()))
+        setup_file_logging(str(log_path()))
     except OSError as exc:  # logging must never stop the app
         print(f"velo-chat: warning: cannot write the log: {exc}", file=sys.stderr)
 

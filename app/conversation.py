@@ -1,7 +1,9 @@
 """A turn in a stored session: the glue between the session store and the engine, with no UI.
 
 The CLI (`velo-chat ask`) and the TUI's generation worker both use it, so a conversation is
-built and persisted the same way everywhere:
+built and persisted the same way everywhere: `turn_messages` is the one place a turn's messages
+are built from the store (turns, the resume-cost preview, regenerate, edit-last-message), and
+the engine's `Reply` the one place a reply's text is accumulated as it streams. A turn:
 
 1. the user's message and an assistant row with status "interrupted" are written in one
    transaction once the engine accepted the turn (a crash later never loses the message, and a
@@ -20,10 +22,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from velo_chat.engine.api import EngineAPI, TurnHandle
-from velo_chat.engine.prompt.chat_template import ChatMessage
-from velo_chat.engine.events import EngineEvent, TokenDelta, TurnDone, TurnFailed
-from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine import (
+    ChatMessage,
+    EngineAPI,
+    EngineEvent,
+    Reply,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+    TurnHandle,
+)
+from velo_chat.engine.config import Profile
 from velo_chat.store import Message, Session, SessionStore, StoreError
 
 from .errors import UserError
@@ -44,6 +53,51 @@ def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[Cha
     return out
 
 
+def last_user_message(messages: Sequence[Message]) -> Message | None:
+    """The last user message (regenerate and edit-last-message restart from it)."""
+    return next((m for m in reversed(messages) if m.role == "user"), None)
+
+
+@dataclass(frozen=True)
+class TurnMessages:
+    """What a turn that sends `text` now gives the engine, and where it goes in the store."""
+
+    messages: list[ChatMessage]  # the session's system prompt, its history, then `text`
+    text: str  # the user's message
+    system_prompt: str  # the session's, or the profile's for a new session
+    replace_after: int | None = None  # rewind: the stored messages after this position go
+
+
+def turn_messages(
+    store: SessionStore,
+    session: Session | None,
+    profile: Profile,
+    text: str | None,
+    *,
+    rewind: bool = False,
+) -> TurnMessages:
+    """The one place a turn's messages are built from the store: for a turn (the TUI and
+    `velo-chat ask`), the resume-cost preview, regenerate and edit-last-message.
+
+    `rewind` replaces the last user message and everything after it: regenerate with the same
+    text (`text` None: the stored question's), edit-last-message with a new one. A session
+    with no user message raises `UserError`."""
+    system_prompt = session.system_prompt if session else profile.system_prompt
+    stored = store.messages(session.id) if session else []
+    replace_after = None
+    if rewind:
+        last = last_user_message(stored)
+        if session is None or last is None:
+            raise UserError("the session has no user message to regenerate or edit")
+        replace_after = last.position - 1
+        stored = [m for m in stored if m.position < last.position]
+        text = last.content if text is None else text
+    if text is None:
+        raise ValueError("a turn needs a text unless it asks the last question again")
+    messages = engine_messages(system_prompt, stored) + [ChatMessage("user", text)]
+    return TurnMessages(messages, text, system_prompt, replace_after)
+
+
 @dataclass
 class RecordedTurn:
     """Writes one turn's reply to the store as it streams.
@@ -57,8 +111,7 @@ class RecordedTurn:
     user: Message
     reply: Message
     flush_s: float = 1.0
-    text: list[str] = field(default_factory=list)  # the answer so far
-    reasoning: list[str] = field(default_factory=list)  # the reasoning so far
+    streamed: Reply = field(default_factory=Reply)  # the reply so far
     saved: bool = True
     save_error: str | None = None
     _last_flush: float = field(default_factory=time.monotonic)
@@ -74,14 +127,11 @@ class RecordedTurn:
         return True
 
     def feed(self, event: EngineEvent) -> None:
+        self.streamed.feed(event)
         if isinstance(event, TokenDelta):
-            if event.text:
-                self.text.append(event.text)
-            if event.reasoning:
-                self.reasoning.append(event.reasoning)
             now = time.monotonic()
             if now - self._last_flush >= self.flush_s:
-                self._update(content="".join(self.text), reasoning="".join(self.reasoning))
+                self._update(content=self.streamed.text, reasoning=self.streamed.reasoning)
                 self._last_flush = now
         elif isinstance(event, TurnDone):
             # cancelled by the user, or cut by a remote server: what came is kept, marked so
@@ -97,20 +147,15 @@ class RecordedTurn:
             )
         elif isinstance(event, TurnFailed):
             self._update(
-                content=event.text or "".join(self.text),
-                reasoning=event.reasoning or "".join(self.reasoning),
+                content=event.text or self.streamed.text,
+                reasoning=event.reasoning or self.streamed.reasoning,
                 status="error",
                 stats={"error": event.reason},
             )
 
     def interrupted(self) -> None:
         """The turn stopped without a final event (Ctrl-C, an exception): keep what streamed."""
-        self._update(content="".join(self.text), reasoning="".join(self.reasoning), status="interrupted")
-
-
-def last_user_message(messages: Sequence[Message]) -> Message | None:
-    """The last user message (regenerate and edit-last-message restart from it)."""
-    return next((m for m in reversed(messages) if m.role == "user"), None)
+        self._update(content=self.streamed.text, reasoning=self.streamed.reasoning, status="interrupted")
 
 
 @dataclass(frozen=True)
@@ -137,27 +182,18 @@ def start_turn(
     template) raises before anything is stored. `rewind` replaces the last user message and
     everything after it (regenerate: the same text; edit-last-message: a new one) — deleted only
     once the engine has accepted the new turn."""
-    system_prompt = session.system_prompt if session else profile.system_prompt
-    stored = store.messages(session.id) if session else []
-    cut = None
-    if rewind:
-        last = last_user_message(stored)
-        if session is None or last is None:
-            raise UserError("the session has no user message to regenerate or edit")
-        cut = last.position
-        stored = [m for m in stored if m.position < cut]
-    messages = engine_messages(system_prompt, stored) + [ChatMessage("user", text)]
-    events = engine.turn(messages, **turn_kwargs)
+    planned = turn_messages(store, session, profile, text, rewind=rewind)
+    events = engine.turn(planned.messages, **turn_kwargs)
     try:
         created = session is None
         if session is None:
             session = store.create_session(
                 profile.name,
-                system_prompt=system_prompt,
+                system_prompt=planned.system_prompt,
                 model_fingerprint=engine.info.fingerprint if engine.info else "",
             )
         try:
-            user, reply = store.add_exchange(session.id, text, replace_after=None if cut is None else cut - 1)
+            user, reply = store.add_exchange(session.id, text, replace_after=planned.replace_after)
         except BaseException:
             if created:  # leave no empty session behind
                 _delete_quietly(store, session.id)

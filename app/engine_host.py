@@ -14,9 +14,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from velo_chat.engine.api import EngineAPI
-from velo_chat.engine.backends import make_engine
-from velo_chat.engine.config.profile_schema import Profile
+from velo_chat.engine import EngineAPI, make_engine
+from velo_chat.engine.config import Profile
 
 log = logging.getLogger(__name__)
 

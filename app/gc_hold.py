@@ -1,8 +1,8 @@
 """No full garbage collection while a reply streams.
 
 A full collection (CPython's oldest generation) walks every object the process holds. With a long
-session open that is the Textual widgets of every message, a few hundred thousand objects: one
-took 170 ms on a 2-core machine in the middle of a reply (benchmarks/README.md, the TUI section).
+session open that is the Textual widgets of every message, a few hundred thousand objects, and
+one in the middle of a reply is a visible stall (docs/results/tui.md has one measured).
 It runs on whichever thread happens to allocate, holding the GIL, so the decode stops for as long
 as it takes, and the reply stalls on screen. While a reply streams, the young generations still
 collect as usual (the garbage of a streamed update dies young); only the full collections wait

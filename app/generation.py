@@ -11,34 +11,33 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from textual.message import Message
 
-from velo_chat.engine.prompt.chat_template import ChatMessage
-from velo_chat.engine.events import (
+from velo_chat.engine import (
+    DoesNotFit,
+    EngineAPI,
     EngineEvent,
     EngineWarning,
     ModelLoaded,
     ModelLoading,
     PrefillProgress,
+    Reply,
     TokenDelta,
     TurnDone,
     TurnFailed,
     TurnStarted,
+    usable_cores,
 )
-from velo_chat.engine.api import EngineAPI
-from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
-from velo_chat.engine.fit.report import DoesNotFit
+from velo_chat.engine.config import Profile, ReasoningSettings
 from velo_chat.store import Session, SessionStore
 
-from velo_chat.engine.scheduling.threads import usable_cores
-
-from .conversation import RecordedTurn, engine_messages, record, start_turn
+from .conversation import RecordedTurn, record, start_turn, turn_messages
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
-from .stream_pacer import StreamPacer
+from .stream_pacer import StreamPacer, ui_has_own_core
 from .widgets.telemetry.meter import DecodeMeter
 from .messages import (
     EngineNotice,
@@ -63,7 +62,6 @@ class TurnRequest:
     text: str
     session: Session | None  # None: create one when the engine accepts the turn
     profile: Profile
-    turn_kwargs: dict[str, Any] = field(default_factory=dict)  # benchmarks: ignore_eos, ...
     rewind: bool = False  # regenerate: `text` replaces the last user message and its reply
     reasoning: ReasoningSettings | None = None  # None: the profile's (the thinking key flips it)
     # Pace updates by the UI thread's CPU (stream_pacer.py). Tests turn it off: the pace would
@@ -206,13 +204,6 @@ def _log_load_failure(exc: BaseException) -> None:
         log.error("model load failed", exc_info=exc)
 
 
-def _conversation(store: SessionStore, req: TurnRequest) -> list[ChatMessage]:
-    """What sending `req.text` now would give the engine (for the resume-cost preview)."""
-    system_prompt = req.session.system_prompt if req.session else req.profile.system_prompt
-    stored = store.messages(req.session.id) if req.session else []
-    return engine_messages(system_prompt, stored) + [ChatMessage("user", req.text)]
-
-
 def run_turn(
     host: EngineHost,
     store: SessionStore,
@@ -240,7 +231,6 @@ def run_turn(
                 sampling=req.profile.sampling,
                 reasoning=req.reasoning_settings,
                 cancel=cancel,
-                **req.turn_kwargs,
             )
         except Exception as exc:  # nothing was stored (start_turn writes in one transaction)
             if not isinstance(exc, USER_ERRORS):
@@ -253,9 +243,9 @@ def run_turn(
 
 
 def ui_shares_cores(info: ModelLoaded) -> bool:
-    """Whether the decode's threads leave no core to the UI thread (then every frame the UI
-    draws is taken from the decode: `stream_pacer.py`)."""
-    return usable_cores() <= info.n_threads
+    """Whether the decode's threads leave no core of its own to the UI thread (then every frame
+    the UI draws is taken from the decode: `stream_pacer.py`, `ui_has_own_core`)."""
+    return info.threads is not None and not ui_has_own_core(usable_cores(), info.threads.decode)
 
 
 def _pacer(info: ModelLoaded, paced: bool = True) -> StreamPacer:
@@ -275,10 +265,7 @@ def _stream(
     is_cancelled: Callable[[], bool],
     paced: bool = True,
 ) -> None:
-    text = reasoning = ""
-    n_tokens = n_reasoning = 0
-    t_first = 0.0
-    t_last = float("-inf")
+    reply = turn.streamed  # fed by `record` before each event comes here
     pacer = _pacer(info, paced)
     meter = DecodeMeter()  # the sparkline's samples, over every token (not every update)
     pending = False
@@ -289,20 +276,10 @@ def _stream(
             if is_cancelled():
                 cancel.set()
             if isinstance(event, TokenDelta):
-                n_tokens += 1
-                if n_tokens == 1:
-                    t_first = event.t
-                text += event.text
-                reasoning += event.reasoning
-                n_reasoning += event.in_reasoning
-                pending, t_last = True, event.t
-                meter.update(n_tokens, t_first, event.t)
+                pending = True
+                meter.update(reply.n_tokens, reply.t_first or event.t, event.t)
                 if pacer.due(event.t):
-                    post(
-                        TokensStreamed(
-                            text, n_tokens, t_first, event.t, reasoning, n_reasoning, tuple(meter.samples)
-                        )
-                    )
+                    post(_streamed(reply, meter))
                     pacer.posted(event.t)
                     pending = False
             elif isinstance(event, PrefillProgress):
@@ -313,31 +290,40 @@ def _stream(
                 post(EngineNotice(event.message))
             elif isinstance(event, TurnDone):
                 stats = event.stats
-                text, reasoning = event.text, event.reasoning  # with held-back text flushed
-                if pending:
-                    post(
-                        TokensStreamed(
-                            text, n_tokens, t_first, t_last, reasoning, n_reasoning, tuple(meter.samples)
-                        )
-                    )
+                if pending:  # the final text, with held-back text flushed
+                    post(_streamed(reply, meter))
             elif isinstance(event, TurnFailed):
                 failed = event.reason
     except Exception as exc:  # record() already tried to mark the reply interrupted
         if not isinstance(exc, USER_ERRORS):
             log.exception("turn crashed")
         failed = _reason(exc)
-    # `text` is what the user saw stream: the stored row may lag (flushed once a second) or
+    # The text is what the user saw stream: the stored row may lag (flushed once a second) or
     # not be writable at all (a store error).
     post(
         TurnEnded(
             turn.reply,
             stats,
             failed,
-            text=text,
+            text=reply.text,
             saved=turn.saved,
             save_error=turn.save_error,
-            reasoning=reasoning,
+            reasoning=reply.reasoning,
         )
+    )
+
+
+def _streamed(reply: Reply, meter: DecodeMeter) -> TokensStreamed:
+    """Posted only after a token arrived, so the reply has its first and last token times."""
+    assert reply.t_first is not None and reply.t_last is not None
+    return TokensStreamed(
+        reply.text,
+        reply.n_tokens,
+        reply.t_first,
+        reply.t_last,
+        reply.reasoning,
+        reply.n_reasoning,
+        tuple(meter.samples),
     )
 
 
@@ -358,7 +344,8 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         if engine is None or not host.loaded:
             return
         try:
-            preview = engine.preview(_conversation(store, req), reasoning=req.reasoning_settings)
+            planned = turn_messages(store, req.session, req.profile, req.text, rewind=req.rewind)
+            preview = engine.preview(planned.messages, reasoning=req.reasoning_settings)
         except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
             _log_preview_failure(host, exc)
             preview = None

@@ -3,7 +3,7 @@
 The worker never touches a widget (docs/architecture.md, "Code conventions"): it turns engine
 events into these. The high-rate ones (`TokensStreamed`, `PrefillUpdated`,
 `ModelLoadProgress`) carry cumulative state and define `can_replace`, so when the UI falls
-behind, Textual's queue keeps only the newest and a 200 tok/s stream never floods the queue.
+behind, Textual's queue keeps only the newest and a fast stream never floods the queue.
 """
 
 from __future__ import annotations
@@ -12,10 +12,15 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from velo_chat.engine.engine import ResumePreview
-from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
-from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.prompt.thinking import ThinkingSupport
+from velo_chat.engine import (
+    ModelLoaded,
+    PrefillProgress,
+    ResumePreview,
+    ThinkingSupport,
+    TurnStarted,
+    TurnStats,
+)
+from velo_chat.engine.config import Profile
 from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Session
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from velo_chat.engine.fit import residency
-from velo_chat.engine.fit.model_facts import read_facts
+from velo_chat.engine.fit import read_facts, resident
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class PleWatch:
         if self._range is None:
             return None
         try:
-            return residency.resident(*self._range).fraction
+            return resident(*self._range).fraction
         except OSError as exc:
             log.warning("PLE residency check failed: %s", exc)
             return None

@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from velo_chat.engine.config.profiles import settings_path
+from velo_chat.engine.config import settings_path
 
 from .keymap import BY_ID
 

@@ -4,13 +4,13 @@ Each update of the transcript (Markdown parse of the new tail, a layout of the w
 compositor pass) is Python on the UI thread. When llama.cpp's threads already use every core (the
 default on a small machine), every millisecond the UI thread runs is taken from the decode, and
 llama.cpp's threads wait for each other at every op, so the decode loses about twice the UI's
-share of a core: measured on 2 cores, a UI using 5% of a core cost 9-10% of the decode speed.
+share of a core.
 An update costs a layout of the whole screen (two, in fact: Textual lays out again once sizes
 changed) and a redraw of what changed. The streaming message holds room below its text
 (`MessageView._reserve`), so most updates grow it inside that room and the transcript neither
-grows nor scrolls: on a 2-core machine with a long transcript such an update costs 10-20 ms, and
-the one in a few that renews the room, scrolling the transcript and redrawing all of it, 25-40 ms
-(benchmarks/README.md, the TUI section).
+grows nor scrolls and only the new lines are drawn; the one in a few that renews the room
+scrolls the transcript and redraws all of it, and costs more (docs/results/tui.md has the
+figures).
 
 The pacer reads the UI thread's own CPU clock and stretches the interval between updates so that
 the UI stays within a budget: 1% of a core when it shares the cores with llama.cpp, half a core
@@ -18,12 +18,28 @@ when it has one of its own. A fast machine still streams 30 times a second; a sm
 every one to two seconds (and two seconds after the first update, whose cost is not known yet):
 less often, not slower. The ceiling, two seconds, is how long a user may wait for new text; an
 update of 20 ms or less stays within the budget there.
+
+The UI counts as having a core of its own only when the decode's threads leave it two
+(`ui_has_own_core`). One core left over is not the UI's: anything else that runs (the terminal,
+tmux, a build) takes it too, and while it is taken the UI's work comes out of the decode
+thread's time, so a UI at half a core there slows a one-thread decode as it would on shared
+cores (docs/results/tui.md, 2026-12-04).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+
+SPARE_CORES_FOR_THE_UI = 2
+"""Cores the decode's threads must leave free for the UI to count as having one of its own."""
+
+
+def ui_has_own_core(usable_cores: int, decode_threads: int) -> bool:
+    """Whether the UI thread can render at up to half a core without slowing the decode: the
+    decode's threads leave `SPARE_CORES_FOR_THE_UI` cores (see the module's doc)."""
+    return usable_cores - decode_threads >= SPARE_CORES_FOR_THE_UI
 
 
 def thread_cpu_clock(thread_id: int | None) -> Callable[[], float] | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from velo_chat.engine.config.profiles import active_profile_name, load_profile
+from velo_chat.engine.config import active_profile_name, load_profile
 
 
 def run_tui(profile_name: str | None) -> int:

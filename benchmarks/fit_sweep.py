@@ -26,12 +26,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from velo_chat.engine.llama import log as llama_log
-from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.fit import estimate, llama_buffers, machine
-from velo_chat.engine.fit.model_facts import read_facts
-from velo_chat.engine.llama.context import LlamaContext
-from velo_chat.engine.llama.model import LlamaModel
+from velo_chat.engine.config import build_profile
+from velo_chat.engine.diagnostics import (
+    BufferComparison,
+    LlamaContext,
+    LlamaModel,
+    captured_llama_buffers,
+    compare_llama_buffers,
+    estimate_terms,
+    install_llama_log,
+)
+from velo_chat.engine.fit import probe_machine, read_facts
 
 GRAPH = re.compile(r"graph.*: nodes = (?P<nodes>[\d /]+), splits = (?P<splits>[\d /]+)")
 MIB = 1 << 20
@@ -69,9 +74,9 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, help="write the full JSON here (else the comparison to stdout)")
     args = ap.parse_args()
-    llama_log.install()
+    install_llama_log()
     facts = read_facts(args.model)
-    probe = machine.probe()
+    probe = probe_machine()
     integrated = probe.gpu is not None and probe.gpu.integrated
     modes = (args.ple_gather or ("stock,gpu" if args.gpu_layers and facts.ple_bytes else "stock")).split(",")
     debug_keys = {tuple(k.split(",")) for k in args.sched_debug.split(";") if k}
@@ -96,7 +101,7 @@ def main() -> None:
     started = time.monotonic()
     for mode in modes:
         base = {"model": {"path": str(args.model), "n_gpu_layers": args.gpu_layers, "ple_gather": mode}}
-        with llama_buffers.captured() as loaded:
+        with captured_llama_buffers() as loaded:
             model = LlamaModel(args.model, build_profile("sweep", base).model)
         ple_gpu = model.ple_mode == "gpu"
         rows = []
@@ -111,14 +116,14 @@ def main() -> None:
                     "n_threads": 2,
                 }
                 profile = build_profile("sweep", {**base, "context": context})
-                terms = estimate.estimate(
+                terms = estimate_terms(
                     profile, facts, gpu_offload=probe.gpu_offload, integrated_gpu=integrated, ple_gpu=ple_gpu
                 )
                 sched = (fa, str(ub), str(n_ctx)) in debug_keys and args.out is not None
                 if sched:
                     os.environ["GGML_SCHED_DEBUG"] = "2"  # read when the context makes its scheduler
                 try:
-                    with llama_buffers.captured(logging.DEBUG if sched else logging.INFO) as got:
+                    with captured_llama_buffers(logging.DEBUG if sched else logging.INFO) as got:
                         LlamaContext(model, profile.context, n_gpu_layers=args.gpu_layers).close()
                 finally:
                     os.environ.pop("GGML_SCHED_DEBUG", None)
@@ -126,7 +131,7 @@ def main() -> None:
                 if sched:
                     debug.append({"flash_attn": fa, "n_ubatch": ub, "n_ctx": n_ctx, "lines": lines})
                     lines = [ln for ln in lines if "buffer size" in ln or "graph" in ln or "copies" in ln]
-                compared = [c for c in llama_buffers.compare(terms, got) if c.what != "weights"]  # at load
+                compared = [c for c in compare_llama_buffers(terms, got) if c.what != "weights"]  # at load
                 big = [abs(c.estimate / c.measured - 1) for c in compared if c.measured >= 1 << 20]
                 row: dict[str, Any] = {
                     "ple_gather": model.ple_mode,
@@ -173,7 +178,7 @@ def main() -> None:
             off = [
                 f"{t['what']} ({t['device']}) {t['estimate'] / MIB:.2f} vs {t['llama_cpp'] / MIB:.2f} MiB"
                 for t in r["terms"]
-                if not llama_buffers.Comparison("", "", t["estimate"], t["llama_cpp"]).close
+                if not BufferComparison("", "", t["estimate"], t["llama_cpp"]).close
             ]
             print(f"  fa {r['flash_attn']} ub {r['n_ubatch']} ctx {r['n_ctx']}: {'; '.join(off)}")
 

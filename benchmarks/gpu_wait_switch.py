@@ -15,21 +15,20 @@ import json
 import resource
 import time
 
-from velo_chat.engine.scheduling import gpu_wait
-from velo_chat.engine.bench.load import busy_processes
-from velo_chat.engine.prompt.chat_template import ChatMessage
-from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.engine import Engine
+from velo_chat.engine import ChatMessage, make_engine
+from velo_chat.engine.bench import busy_processes
+from velo_chat.engine.config import build_profile
+from velo_chat.engine.diagnostics import Diagnostics, apply_gpu_wait, diagnostics
 
 PROMPT = [ChatMessage("user", "Tell a long story about a fox who learns to write tests.")]
 
 
-def decode(engine: Engine, label: str, tokens: int, repeats: int) -> dict:
+def decode(diag: Diagnostics, label: str, tokens: int, repeats: int) -> dict:
     rates, cpu, wall = [], 0.0, 0.0
     for _ in range(repeats):
-        engine.reset()
+        diag.reset()
         ru0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-        stats = engine.complete(PROMPT, max_tokens=tokens, ignore_eos=True).stats
+        stats = diag.complete(PROMPT, max_tokens=tokens, ignore_eos=True).stats
         ru1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         rates.append(round(stats.decode_tok_s, 1))
         cpu += (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
@@ -51,14 +50,15 @@ def main() -> None:
             "context": {"n_ctx": 4096, "flash_attn": "on"},
         },
     )
-    engine = Engine(profile)
+    engine = make_engine(profile)
     engine.load()
-    rows = [decode(engine, "spin idle", args.tokens, args.repeats)]
+    diag = diagnostics(engine)
+    rows = [decode(diag, "spin idle", args.tokens, args.repeats)]
     with busy_processes(args.load):
-        rows.append(decode(engine, "spin busy", args.tokens, args.repeats))
-        switched = gpu_wait.apply("block", uses_gpu=True)
-        rows.append(decode(engine, f"{switched.describe()} after load, busy", args.tokens, args.repeats))
-    rows.append(decode(engine, "block after load, idle", args.tokens, args.repeats))
+        rows.append(decode(diag, "spin busy", args.tokens, args.repeats))
+        switched = apply_gpu_wait("block", uses_gpu=True)
+        rows.append(decode(diag, f"{switched.describe()} after load, busy", args.tokens, args.repeats))
+    rows.append(decode(diag, "block after load, idle", args.tokens, args.repeats))
     engine.close()
     for row in rows:
         print(json.dumps(row))

@@ -17,9 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
-from velo_chat.engine.llama import gguf_file, log as llama_log
-from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.llama.model import LlamaModel
+from velo_chat.engine.config import build_profile
+from velo_chat.engine.diagnostics import LlamaModel, gguf_shard_paths, install_llama_log, read_gguf_header
 
 
 def evict(paths: list[Path]) -> None:
@@ -37,8 +36,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gpu-layers", type=int, default=0)
     args = ap.parse_args()
-    llama_log.install()
-    shards = gguf_file.shard_paths(gguf_file.read_header(args.model))
+    install_llama_log()
+    shards = gguf_shard_paths(read_gguf_header(args.model))
     results = []
     for cold in (True, False):
         for mmap in (True, False):

@@ -19,13 +19,15 @@ random, with each block's scale set to a small finite f16 (a random scale could 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tests.support import tiny_qwen4exp
-from tests.support.ple_table import GGML_TYPES, PleTableData
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: devkit/
+from devkit import tiny_qwen4exp  # noqa: E402
+from devkit.ple_table import GGML_TYPES, PleTableData  # noqa: E402
 
 IQ4_NL_BLOCK_BYTES, IQ4_NL_BLOCK_VALUES = 18, 32
 

@@ -30,10 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from velo_chat.engine.llama import ple_provider
-from velo_chat.engine.config.profiles import build_profile
-from velo_chat.engine.llama.context import LlamaContext
-from velo_chat.engine.llama.model import LlamaModel
+from velo_chat.engine.config import build_profile
+from velo_chat.engine.diagnostics import LlamaContext, LlamaModel, PleProvider
 
 SPLITS = re.compile(r"graph.*splits = (\d+)(?: / (\d+))?")
 
@@ -63,7 +61,7 @@ def main() -> None:
         logging.getLogger("velo_chat.llama").setLevel(logging.DEBUG)
     lines = _Lines()
     mode = "gpu" if args.mode.startswith("gpu") else args.mode
-    ple_provider.PleProvider.NATIVE = args.mode != "gpu-python"
+    PleProvider.NATIVE = args.mode != "gpu-python"
     logging.getLogger("velo_chat").addHandler(lines)
     logging.getLogger("velo_chat").setLevel(logging.INFO)
     profile = build_profile(

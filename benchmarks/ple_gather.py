@@ -40,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _cpu_gather import load_cpu_gather  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: devkit/, benchmarks/
+from benchmarks._cpu_gather import load_cpu_gather  # noqa: E402
+from devkit.ple_reference import gather_dequant, random_table, write_single_tensor_gguf  # noqa: E402
 
 log = logging.getLogger("ple_gather")
 PLE = "per_layer_token_embd.weight"
@@ -50,8 +51,7 @@ ROW_DIM, N_HEADS = 160, 16
 
 def make_table(path: Path, n_rows: int) -> None:
     """Write the GGUF and fill it with a tiled 64 MiB random chunk (random data, fast to write)."""
-    from velo_chat.kernels.dequant import GGML_TYPE_IQ4_NL, random_table
-    from velo_chat.kernels.gguf_tensor import write_single_tensor_gguf
+    from velo_chat.kernels.dequant import GGML_TYPE_IQ4_NL
 
     loc = write_single_tensor_gguf(path, PLE, GGML_TYPE_IQ4_NL, (ROW_DIM, n_rows))
     rng = np.random.default_rng(1)
@@ -94,7 +94,6 @@ def run_case(table: Any, n_tokens: int, iters: int, rng: np.random.Generator) ->
     import cupyx
 
     from velo_chat.kernels.cuda_kernels import DeviceHashSpec, GatherLaunch, kernel
-    from velo_chat.kernels.dequant import gather_dequant
     from velo_chat.kernels.ple_hash import PleHashSpec, ple_rows
 
     gather_c, gather_raw_c = load_cpu_gather()
@@ -349,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy
 
+    from velo_chat.engine.diagnostics import locate_tensor
     from velo_chat.kernels.ple_table import PleTable
 
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, subprocess.SubprocessError):
         pass
     t0 = time.perf_counter()
-    with PleTable.open(args.table, mode=args.mode, max_register_fraction=0.9) as table:
+    with PleTable(locate_tensor(args.table, PLE), mode=args.mode, max_register_fraction=0.9) as table:
         result["table_open_s"] = round(time.perf_counter() - t0, 2)
         result["table"] = table.describe()
         result["calibration_us"] = calibrate(args.iters)

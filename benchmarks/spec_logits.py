@@ -4,7 +4,7 @@
 
 After the prompt of `bench --spec`'s novel workload, the model's greedy continuation is decoded
 one token at a time, then verified again in batches of 2, 4, 8 and 16 tokens (those that fit
-the profile's `max_draft`), the prompt prefilled alike (`Engine.verify_logit_differences`).
+the profile's `max_draft`), the prompt prefilled alike (`Diagnostics.verify_logit_differences`).
 Prints one JSON object: the largest absolute logit difference per batch size, at how many
 positions the argmax differs, and the smallest gap between the two best logits of the
 one-token chain (greedy output can only differ where a difference exceeds such a gap:
@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from velo_chat.engine.bench.spec import workloads
-from velo_chat.engine.config.profiles import load_profile
-from velo_chat.engine.engine import Engine
+from velo_chat.engine import make_engine
+from velo_chat.engine.bench import workloads
+from velo_chat.engine.config import load_profile
+from velo_chat.engine.diagnostics import diagnostics
 
 BATCHES = (2, 4, 8, 16)
 
@@ -31,9 +32,12 @@ def main() -> None:
     ap.add_argument("--positions", type=int, default=40)
     ap.add_argument("--label", default="")
     args = ap.parse_args()
-    with Engine(load_profile(args.profile), model_path=args.model) as engine:
+    engine = make_engine(load_profile(args.profile), model_path=args.model)
+    try:
         engine.load()
-        out = engine.verify_logit_differences(workloads()["novel"], args.positions, BATCHES)
+        out = diagnostics(engine).verify_logit_differences(workloads()["novel"], args.positions, BATCHES)
+    finally:
+        engine.close()
     print(json.dumps({"label": args.label, **out}))
 
 

@@ -26,12 +26,13 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from velo_chat.engine.bench.spec import with_speculation, workloads
-from velo_chat.engine.config.profiles import load_profile
-from velo_chat.engine.engine import Engine
+from velo_chat.engine import make_engine
+from velo_chat.engine.bench import with_speculation, workloads
+from velo_chat.engine.config import load_profile
+from velo_chat.engine.diagnostics import Diagnostics, diagnostics
 
 
-def _engine(profile_name: str, model: str, max_draft: int) -> Engine:
+def _engine(profile_name: str, model: str, max_draft: int) -> Diagnostics:
     profile = load_profile(profile_name)
     spec = dataclasses.replace(
         profile.speculation,
@@ -39,20 +40,20 @@ def _engine(profile_name: str, model: str, max_draft: int) -> Engine:
         max_draft=max(max_draft, 1),
         allow_batch_rounding=True,
     )
-    engine = Engine(dataclasses.replace(profile, speculation=spec), model_path=model)
+    engine = make_engine(dataclasses.replace(profile, speculation=spec), model_path=model)
     engine.load()
     with_speculation(engine, False)  # the snapshots stay (they are the context's), no drafts
-    return engine
+    return diagnostics(engine)
 
 
-def _plain_rate(engine: Engine, tokens: int) -> float:
+def _plain_rate(engine: Diagnostics, tokens: int) -> float:
     engine.reset()
     with engine.checkpoints_at(None):
         done = engine.complete(workloads()["novel"], max_tokens=tokens, ignore_eos=True)
     return done.stats.decode_tok_s
 
 
-def _kernels(engine: Engine, tokens: int) -> tuple[Counter[str], Counter[str]]:
+def _kernels(engine: Diagnostics, tokens: int) -> tuple[Counter[str], Counter[str]]:
     """CUDA kernel time (µs) and launches by kernel name over one plain turn."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -115,7 +116,7 @@ def main() -> None:
             out["kernels"] = kernels
     finally:
         for engine in engines.values():
-            engine.close()
+            engine.engine.close()
     print(json.dumps(out))
 
 

@@ -2,12 +2,13 @@
 
     python benchmarks/spec_stepper_python.py [--tokens 20000] [--rounds 4]
 
-Novel text drafts little, so what speculation costs it is mostly the stepper's work around
-each plain step: indexing the token, looking a draft up, timing the step. This runs the
-shipped `SpecStepper` over a stand-in sequence whose decode does nothing (random tokens from a
-large vocabulary: nothing to draft; the session holds unrelated tokens), against the engine's
-plain loop over the same stand-in, alternately, `--rounds` times, and prints µs a token each
-way: the stepper's cost on a backend is that difference over the backend's one-token step.
+Novel text drafts little, so what speculation costs it is mostly the stepper's work around each
+plain step: indexing the token, looking a draft up, timing the step. This runs the shipped
+`SpecStepper` over a stand-in sequence (`devkit/spec_sim.py`) whose decode does nothing (random
+tokens from a large vocabulary: nothing to draft; the session holds unrelated tokens), against
+the engine's plain loop over the same stand-in, alternately, `--rounds` times, and prints µs a
+token each way: the stepper's cost on a backend is that difference over the backend's one-token
+step.
 """
 
 from __future__ import annotations
@@ -15,47 +16,20 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from velo_chat.engine.config.profile_schema import SpeculationSettings
-from velo_chat.engine.live_sequence import LiveSequence
-from velo_chat.engine.speculation.cost import CostModel
-from velo_chat.engine.speculation.stepper import SpecStepper
+from velo_chat.engine.config import SpeculationSettings
+from velo_chat.engine.diagnostics import SpecStepper
 
-
-class _StandIn:
-    """The parts of `LiveSequence` a plain step touches; decoding is free, sampling reads the
-    next token of `text`."""
-
-    hybrid = False
-    gpu_resident = False  # a context's cost model is learnt per turn (`speculation.turn_costs`)
-    max_draft = 16
-    n_ctx = 1 << 30
-    _window = LiveSequence._window
-    graph_stale = LiveSequence.graph_stale
-
-    def __init__(self, text: Sequence[int]) -> None:
-        self._text = text
-        self._tokens: list[int] = []
-        self._windows: dict[int, int] = {}
-        self._last_window = 1 << 30
-        self.verified_sizes: set[int] = set()
-        self.spec_costs: CostModel | None = None
-
-    def __len__(self) -> int:
-        return len(self._tokens)
-
-    def append(self, token: int) -> None:
-        self._windows[1] = self._window(1)
-        self._tokens.append(token)
-
-    def sample(self, sampler: object, i: int = -1) -> int:
-        return self._text[len(self._tokens)]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: devkit/
+from devkit.spec_sim import StandInLive  # noqa: E402
 
 
 def _per_token(text: Sequence[int], session: Sequence[int], stepper: bool) -> float:
-    live = _StandIn(text)
+    live = StandInLive(text)
     n = len(text) - 1
     token = text[0]
     if stepper:

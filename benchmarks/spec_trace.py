@@ -30,18 +30,16 @@ of their size), with their time and how many of them ggml-cuda ran eagerly
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
 from typing import Any
 
-from velo_chat.engine.llama import log as llama_log
-from velo_chat.engine import turn_runner
-from velo_chat.engine.bench.spec import with_speculation, workloads
-from velo_chat.engine.config.profiles import load_profile
-from velo_chat.engine.engine import Engine
-from velo_chat.engine.events import TokenDelta, TurnDone
-from velo_chat.engine.speculation.stepper import SpecStepper
+from velo_chat.engine import TokenDelta, TurnDone, make_engine
+from velo_chat.engine.bench import with_speculation, workloads
+from velo_chat.engine.config import load_profile
+from velo_chat.engine.diagnostics import Diagnostics, SpecStepper, diagnostics, llama_log_lines
 
 
 class _Traced(SpecStepper):
@@ -54,7 +52,7 @@ class _Traced(SpecStepper):
         if not self.drafting:
             self._skip = 1 << 30
         stale = [False, *(self.live.graph_stale(n) for n in range(1, self.k_max + 2))]
-        with llama_log.lines() as logged:
+        with llama_log_lines() as logged:
             t0 = time.perf_counter()
             out = super().step(token, room)
             seconds = time.perf_counter() - t0
@@ -81,14 +79,14 @@ with a step's CUDA graph."""
 
 
 def _turn(
-    engine: Engine, name: str, tokens: int, enabled: bool, drafting: bool
+    diag: Diagnostics, name: str, tokens: int, enabled: bool, drafting: bool
 ) -> tuple[TurnDone, list[dict[str, Any]], list[str]]:
     """The turn's end, the stepper's rows, and each reply token's text, in order."""
-    with_speculation(engine, enabled)
+    with_speculation(diag.engine, enabled)
     _Traced.rows, _Traced.drafting = [], drafting
-    engine.reset()
+    diag.reset()
     deltas: list[TokenDelta] = []
-    done = engine.complete(workloads()[name], max_tokens=tokens, deltas=deltas)
+    done = diag.complete(workloads()[name], max_tokens=tokens, deltas=deltas)
     return done, list(_Traced.rows), [d.reasoning + d.text for d in deltas]
 
 
@@ -102,21 +100,22 @@ def main() -> None:
     ap.add_argument("--show-text", action="store_true")
     ap.add_argument("--before", choices=sorted(workloads()), help="a workload to run once first, untraced")
     args = ap.parse_args()
-    turn_runner.SpecStepper = _Traced  # type: ignore[misc]
     rates: dict[str, list[float]] = {"off": [], "plain-stepper": [], "on": []}
     out: dict[str, Any] = {"workload": args.workload}
-    with Engine(load_profile(args.profile), model_path=args.model) as engine:
+    engine = make_engine(load_profile(args.profile), model_path=args.model)
+    diag = diagnostics(engine)
+    with contextlib.closing(engine), diag.stepper(_Traced):
         engine.load()
         if args.before:
-            _turn(engine, args.before, max(args.tokens, 2048), True, True)
+            _turn(diag, args.before, max(args.tokens, 2048), True, True)
         for _ in range(args.repeats):
-            done_off, _, _ = _turn(engine, args.workload, args.tokens, False, False)
+            done_off, _, _ = _turn(diag, args.workload, args.tokens, False, False)
             rates["off"].append(done_off.stats.decode_tok_s)
-            done_ps, rows_ps, _ = _turn(engine, args.workload, args.tokens, True, False)
+            done_ps, rows_ps, _ = _turn(diag, args.workload, args.tokens, True, False)
             rates["plain-stepper"].append(done_ps.stats.decode_tok_s)
-            done_on, rows, texts = _turn(engine, args.workload, args.tokens, True, True)
+            done_on, rows, texts = _turn(diag, args.workload, args.tokens, True, True)
             rates["on"].append(done_on.stats.decode_tok_s)
-        mode = engine.speculation_if_enabled
+        mode = diag.speculation_if_enabled
     if not any(r["kind"] == "plain" for r in rows_ps):
         raise SystemExit(f"spec_trace: the stepper never ran with this model and profile: {mode}")
     step = statistics.median(r["s"] for r in rows_ps if r["kind"] == "plain")

@@ -56,7 +56,7 @@ WORDS = (
 _TUI_HOOK = """\
 import cProfile, json, os, sys, threading, time
 import velo_chat.app.generation as generation
-from velo_chat.engine.events import TokenDelta
+from velo_chat.engine import TokenDelta
 from velo_chat.app.cli import main
 
 _record = generation.record
@@ -360,9 +360,9 @@ def loadavg() -> float:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from velo_chat.engine.setup import default_model
+    from velo_chat.engine.setup import require_default_model
 
-    model = default_model.require_default_model()  # the user's copy, before the home moves
+    model = require_default_model()  # the user's copy, before the home moves
     root = Path(tempfile.mkdtemp(prefix="velo-tui-bench-"))
     home = make_home(root / "home", model, args)
     db = home / "data" / "sessions.sqlite3"
@@ -436,12 +436,14 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def table(result: dict) -> str:
-    head = ("run", "case", "first", "prompt tokens", "decode tokens", "TUI tok/s", "ask tok/s", "TUI/ask")
+    head: tuple[str, ...] = ("run", "case", "first", "prompt tokens", "decode tokens", "TUI tok/s")
+    head += ("ask tok/s", "TUI/ask")
     head += ("cached TUI/ask", "threads TUI/ask", "UI thread", "tmux")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for x in result["runs"]:
         tui, ask = x["tui"], x["ask"]
-        cells = (x["run"], x["case"], x["first"], f"{tui['prompt_tokens']:,}", tui["decode_tokens"])
+        cells: tuple[object, ...] = (x["run"], x["case"], x["first"], f"{tui['prompt_tokens']:,}")
+        cells += (tui["decode_tokens"],)
         cells += (f"{tui['decode_tok_s']:.1f}", f"{ask['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
         cells += (f"{tui['cached_tokens']}/{ask['cached_tokens']}",)
         cells += (f"{tui['decode_threads']}/{ask['decode_threads']}", tui.get("ui_thread_cores"))

@@ -30,6 +30,47 @@ class TurnHandle(Protocol):
     def close(self) -> None: ...
 
 
+class Turn:
+    """One turn in flight: iterate it for its events (it ends with exactly one `TurnDone` or
+    `TurnFailed`), `cancel()` it from any thread (it stops within a token or a ubatch and still
+    ends with `TurnDone`, finish "cancelled"), `close()` it to abandon it (the engine is usable
+    again at once, and the live sequence keeps what was computed).
+    A context manager closes it. The `TurnHandle` both engines return."""
+
+    def __init__(self, events: Iterator[EngineEvent], cancel: threading.Event, prompt_tokens: int) -> None:
+        self._events = events
+        self._cancel = cancel
+        self.prompt_tokens = prompt_tokens
+        self.result: TurnDone | TurnFailed | None = None  # the final event, once seen
+
+    def __iter__(self) -> Turn:
+        return self
+
+    def __next__(self) -> EngineEvent:
+        event = next(self._events)
+        if isinstance(event, (TurnDone, TurnFailed)):
+            self.result = event
+        return event
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def close(self) -> None:
+        close = getattr(self._events, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class EngineFacts:
     """What every engine reports the same way, from the `_profile` it was built from and the
     `_info` its `load()` returned (None until then and after `close()`). A base class for the
@@ -91,7 +132,6 @@ class EngineAPI(Protocol):
         reasoning: ReasoningSettings | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
-        ignore_eos: bool = False,
     ) -> TurnHandle: ...
 
     def close(self) -> bool: ...

@@ -8,8 +8,40 @@ completes some text), optional `EngineWarning`s anywhere, then exactly one of `T
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from .turn_stats import (
+    CheckpointStats,
+    LlamaTimings,
+    SavedCheckpoint,
+    ServerStats,
+    SpeculationStats,
+    TurnStats,
+)
+
+__all__ = [
+    "CheckpointSaved",
+    "CheckpointStats",
+    "EngineEvent",
+    "EngineWarning",
+    "LlamaTimings",
+    "LocalModel",
+    "ModelLoaded",
+    "ModelLoading",
+    "PleInfo",
+    "PrefillProgress",
+    "ResumePreview",
+    "SavedCheckpoint",
+    "ServerStats",
+    "SpeculationInfo",
+    "SpeculationStats",
+    "ThreadsInfo",
+    "TokenDelta",
+    "TurnDone",
+    "TurnFailed",
+    "TurnStarted",
+    "TurnStats",
+]
 
 
 @dataclass(frozen=True)
@@ -18,29 +50,64 @@ class ModelLoading:
 
 
 @dataclass(frozen=True)
-class ModelLoaded:
-    path: str
-    architecture: str
+class LocalModel:
+    """What a model loaded in this process is (`ModelLoaded.local`)."""
+
     n_params: int
     size_bytes: int
-    n_ctx: int
-    n_threads: int  # decode threads as planned (fewer while the machine is busy)
+    n_vocab: int
     hybrid: bool  # recurrent or hybrid memory: prefixes resume only at checkpoint boundaries
-    load_s: float
-    n_threads_batch: int = 0  # prefill threads as planned
-    threads: str = ""  # the thread plan in words: settings, counts and why (threads.py)
-    fingerprint: str = ""  # identifies the weights (sessions and checkpoints record it)
-    n_vocab: int = 0
-    ple_gather: str = ""  # where qwen4exp PLE rows are gathered: "gpu" (velo-chat kernel) or "stock"
-    ple_reason: str = ""  # why that mode, in words (and the table's GPU access mode)
-    ple_table: bool = False  # the model has a PLE table (qwen4exp): the panel then shows the path
     graph_splits: int = 0  # graph splits of a decode step (backend hand-overs); 0: not logged
-    # speculation's state and guarantee in words: "off", "on: bit-identical to plain decoding",
+
+
+@dataclass(frozen=True)
+class ThreadsInfo:
+    """The CPU threads of a model loaded in this process (`ModelLoaded.threads`)."""
+
+    decode: int  # decode threads as planned (fewer while the machine is busy)
+    prefill: int  # prefill threads as planned
+    plan: str = ""  # the thread plan in words: settings, counts and why (scheduling/threads.py)
+
+
+@dataclass(frozen=True)
+class PleInfo:
+    """Where a qwen4exp model's per-layer-embedding rows are gathered (`ModelLoaded.ple`)."""
+
+    gather: str  # "gpu" (velo-chat kernel) or "stock"
+    reason: str  # why that mode, in words (and the table's GPU access mode)
+    table: bool = False  # the model has a PLE table (qwen4exp): the panel then shows the path
+
+
+@dataclass(frozen=True)
+class SpeculationInfo:
+    """Speculation on the loaded model (`ModelLoaded.speculation`)."""
+
+    # its state and guarantee in words: "off", "on: bit-identical to plain decoding",
     # "on: plain decoding up to the batch rounding (why)", or off and why (speculation_mode)
-    speculation: str = ""
-    # the same as it would read with speculation.enabled switched on (`Engine.speculation_if_enabled`:
+    mode: str
+    # the same as it would read with speculation.enabled switched on (`Diagnostics.speculation_if_enabled`:
     # what switching it on in the settings gets on this loaded model, before any reload)
-    speculation_if_enabled: str = ""
+    if_enabled: str = ""
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    """What `load()` loaded: the core every backend reports, and the parts only some have
+    (None where a backend has no such thing: a remote server's threads are its own)."""
+
+    path: str
+    architecture: str  # "remote" for a server
+    n_ctx: int  # 0: not reported
+    load_s: float
+    fingerprint: str = ""  # identifies the weights (sessions and checkpoints record it)
+    local: LocalModel | None = None  # a model in this process
+    threads: ThreadsInfo | None = None
+    ple: PleInfo | None = None
+    speculation: SpeculationInfo | None = None
+
+    @property
+    def hybrid(self) -> bool:
+        return self.local is not None and self.local.hybrid
 
 
 @dataclass(frozen=True)
@@ -93,102 +160,6 @@ class CheckpointSaved:
     tokens: int
     bytes: int
     tier: str  # "ram" or "disk"
-
-
-@dataclass(frozen=True)
-class TurnStats:
-    """Numbers for one turn; `to_json` is the `stats` object of `velo-chat ask --json`."""
-
-    ttft_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    prefill_tokens: int
-    prefill_s: float
-    prefill_tok_s: float
-    decode_tokens: int
-    decode_s: float
-    decode_tok_s: float
-    graphs_reused: int
-    llama_eval_ms: float  # llama.cpp's own time in llama_decode during the decode phase
-    llama_prompt_eval_ms: float
-    wall_ms: float  # wall time of the decode phase (compare with llama_eval_ms)
-    total_s: float
-    finish_reason: str  # "stop", "length", "context", "cancelled"
-    checkpoint: dict[str, Any] = field(default_factory=dict)
-    reasoning_tokens: int = 0  # of decode_tokens, those of the reasoning (markers included)
-    first_answer_s: float | None = None  # from the start of the turn to the first answer text
-    backend: str = "local"  # "local" (this process) or "remote" (an OpenAI-compatible server)
-    server: dict[str, Any] = field(default_factory=dict)  # what a remote server reported
-    spec_drafted: int = 0  # speculation: draft tokens verified
-    spec_accepted: int = 0  # of those, accepted
-    spec_rounds: int = 0  # verify batches
-    spec_declined: int = 0  # plain steps at which a draft was there but did not pay
-    spec_guarded: int = 0  # times drafting stopped because the verify batches lost time
-    spec_batches: dict[int, int] = field(default_factory=dict)  # verify batch size -> batches
-    # what a verify batch of each size cost in this turn, in one-token steps (its mean over the
-    # batches timed: a context's first batch of a size is not), and the plain step after one:
-    # set against `bench --spec`'s back-to-back table, the difference is the turn's own cost
-    spec_batch_steps: dict[int, float] = field(default_factory=dict)
-    spec_after_verify_steps: float = 0.0
-    decode_calls: int = 0  # llama_decode calls after the first token (verify batches included)
-    # what speculation guaranteed: "bit-identical" (to plain decoding), "batch rounding: why"
-    # (the same model up to the backend's batch rounding: docs/speculation.md); "": not used
-    spec_exactness: str = ""
-    # the decode threads of the one-token steps, averaged: the governor lowers them while other
-    # processes want the cores (engine/scheduling/threads.py), which explains a slower decode; 0: unknown
-    decode_threads: float = 0.0
-
-    @property
-    def answer_tokens(self) -> int:
-        return self.decode_tokens - self.reasoning_tokens
-
-    @property
-    def spec_acceptance(self) -> float:
-        """Accepted over drafted tokens (0 when nothing was drafted)."""
-        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
-
-    @property
-    def tokens_per_call(self) -> float:
-        """Reply tokens per llama_decode call of the decode phase (1.0 without speculation)."""
-        return (self.decode_tokens - 1) / self.decode_calls if self.decode_calls else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ttft_s": round(self.ttft_s, 4),
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "prefill_tokens": self.prefill_tokens,
-            "prefill_tok_s": round(self.prefill_tok_s, 2),
-            "decode_tokens": self.decode_tokens,
-            "decode_tok_s": round(self.decode_tok_s, 2),
-            "graphs_reused": self.graphs_reused,
-            "llama_eval_ms": round(self.llama_eval_ms, 3),
-            "llama_prompt_eval_ms": round(self.llama_prompt_eval_ms, 3),
-            "wall_ms": round(self.wall_ms, 3),
-            "total_s": round(self.total_s, 4),
-            "finish_reason": self.finish_reason,
-            "checkpoint": dict(self.checkpoint),
-            "reasoning_tokens": self.reasoning_tokens,
-            "answer_tokens": self.answer_tokens,
-            "first_answer_s": None if self.first_answer_s is None else round(self.first_answer_s, 4),
-            "backend": self.backend,
-            "decode_threads": round(self.decode_threads, 2),
-            "speculation": {
-                "drafted": self.spec_drafted,
-                "accepted": self.spec_accepted,
-                "acceptance": round(self.spec_acceptance, 4),
-                "rounds": self.spec_rounds,
-                "declined": self.spec_declined,
-                "guarded": self.spec_guarded,
-                "batches": {str(n): c for n, c in sorted(self.spec_batches.items())},
-                "batch_steps": {str(n): round(v, 3) for n, v in sorted(self.spec_batch_steps.items())},
-                "after_verify_steps": round(self.spec_after_verify_steps, 3),
-                "decode_calls": self.decode_calls,
-                "tokens_per_call": round(self.tokens_per_call, 3),
-                "exactness": self.spec_exactness,
-            },
-            **({"server": dict(self.server)} if self.server else {}),
-        }
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import numpy as np
 from .checkpoints.manager import Candidate, Checkpoints
 from .llama.context import DecodeError, LlamaContext, Perf
 from .llama.sampling import Sampler
+from .prompt.tokens import common_prefix
 from .speculation.cost import CostModel
 
 RESTORE_MIN_GAIN = 32
@@ -44,15 +45,6 @@ llama.cpp builds it anew and a GPU backend captures its CUDA graph again (`graph
 
 MAX_RESTORE_ATTEMPTS = 4
 """Checkpoints tried in turn when restoring fails (each failure drops the bad one)."""
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
 
 
 @dataclass(frozen=True)
@@ -151,8 +143,8 @@ class LiveSequence:
         """Whether a call of `n` tokens with logits for each (n = 1: a one-token step; more: a
         verify batch) would find its graph otherwise than the last call of that size left it:
         that call ended in another KV window (`KV_WINDOW`), or there was none. On a GPU such a
-        call runs eagerly while its CUDA graph is captured again, measured on an H200 at about
-        3 one-token steps more for SmolLM2; a one-token step pays it every `KV_WINDOW` tokens,
+        call runs eagerly while its CUDA graph is captured again, at several one-token steps'
+        cost; a one-token step pays it every `KV_WINDOW` tokens,
         a verify batch of a size used now and then nearly every time (the speculation cost
         model prices it: `spec_cost.CostModel.stale`). Prefill chunks are not followed: their
         graphs are another shape."""

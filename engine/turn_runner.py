@@ -20,12 +20,14 @@ import codecs
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from .checkpoints.manager import Checkpoints
+from .checkpoints.save_points import stable_prefix
+from .config.profile_schema import SamplingSettings, SpeculationSettings
 from .events import (
     CheckpointSaved,
     EngineEvent,
@@ -35,18 +37,16 @@ from .events import (
     TurnDone,
     TurnFailed,
     TurnStarted,
-    TurnStats,
 )
-from .prompt.chat_template import ChatMessage
-from .checkpoints.manager import Checkpoints
-from .live_sequence import MAX_RESTORE_ATTEMPTS, RESTORE_MIN_GAIN, LiveSequence, common_prefix
+from .live_sequence import MAX_RESTORE_ATTEMPTS, RESTORE_MIN_GAIN, LiveSequence
 from .llama.context import DecodeError
 from .llama.model import LlamaModel
-from .config.profile_schema import SamplingSettings, SpeculationSettings
 from .llama.sampling import Sampler
-from .speculation.stepper import SpecCounters, SpecStepper
-from .checkpoints.save_points import stable_prefix
+from .prompt.rendered import PromptRenderer, RenderedPrompt
 from .prompt.thinking import ReasoningSplitter, ThinkingSupport
+from .reply import Reply
+from .speculation.stepper import SpecCounters, SpecStepper
+from .turn_stats import CheckpointStats, LlamaTimings, SavedCheckpoint, SpeculationStats, TurnStats
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,11 @@ class Utf8Stream:
 
 @dataclass(frozen=True)
 class TurnPlan:
-    messages: tuple[ChatMessage, ...]
-    tokens: list[int]
+    prompt: RenderedPrompt  # the conversation, rendered once (`PromptRenderer.render`)
     sampling: SamplingSettings
     cancel: threading.Event
     t_start: float
     ignore_eos: bool
-    variables: Mapping[str, Any] = field(default_factory=dict)  # extra template variables
     thinking: ThinkingSupport = field(default_factory=ThinkingSupport)  # reasoning markers
     opens_in_reasoning: bool = False  # the generation prompt ends inside a reasoning block
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
@@ -86,9 +84,6 @@ class TurnPlan:
         )
 
 
-TokensFor = Callable[[Sequence[ChatMessage], Mapping[str, Any] | None], list[int]]
-
-
 @dataclass(frozen=True)
 class TurnParts:
     """What a turn works with: the model, the live sequence, the checkpoints (None: off) and
@@ -97,7 +92,7 @@ class TurnParts:
     model: LlamaModel
     live: LiveSequence
     checkpoints: Checkpoints | None
-    tokens_for: TokensFor
+    renderer: PromptRenderer
 
 
 def _prefill_stops(
@@ -120,26 +115,6 @@ def _prefill_stops(
     return sorted(s for s in stops if s > start)
 
 
-def follow_up_prefix(
-    tokens_for: TokensFor,
-    messages: tuple[ChatMessage, ...],
-    reply: str,
-    *,
-    reasoning: str = "",
-    variables: Mapping[str, Any] | None = None,
-) -> list[int]:
-    """The tokens every follow-up to this reply starts with: the conversation as the template
-    renders it with the reply (its answer, and its reasoning as `reasoning_content`) in the
-    history, up to where the next user message's text begins.
-
-    Found by rendering two follow-ups that differ only in that text; the template's own closing
-    and opening tokens ("<|im_end|>\n<|im_start|>user\n") are part of it."""
-    history = [*messages, ChatMessage("assistant", reply, reasoning)]
-    a = tokens_for([*history, ChatMessage("user", "A")], variables)
-    b = tokens_for([*history, ChatMessage("user", "B")], variables)
-    return a[: common_prefix(a, b)]
-
-
 def close_boundary(
     parts: TurnParts, plan: TurnPlan, reply: str, n_generated: int, *, reasoning: str = ""
 ) -> bool:
@@ -157,9 +132,7 @@ def close_boundary(
     turn stops within one ubatch, with the live sequence still describing the context.
     Returns True if the context now holds exactly the boundary."""
     live, ck = parts.live, parts.checkpoints
-    target = follow_up_prefix(
-        parts.tokens_for, plan.messages, reply, reasoning=reasoning, variables=plan.variables
-    )
+    target = parts.renderer.follow_up_prefix(plan.prompt, reply, reasoning)
     if len(target) >= live.n_ctx:
         return False  # no room for the template's closing tokens: the reply filled the context
     c = live.common_prefix(target)
@@ -190,18 +163,18 @@ def close_boundary(
     return True
 
 
-def _warnings(ck: Checkpoints | None) -> list[EngineWarning]:
-    return [EngineWarning(w) for w in ck.take_warnings()] if ck else []
-
-
 def run_turn(parts: TurnParts, plan: TurnPlan) -> Iterator[EngineEvent]:
     """The turn's events. Every path ends in exactly one final event: `TurnDone` (finished,
     cancelled, length or context limit: the reply is kept) or `TurnFailed` (llama.cpp or a bug
     failed mid-turn: the text generated so far is in it, and the context starts cold next time,
     because its state is unknown). The reply is split into reasoning and answer as it streams."""
-    split = plan.splitter()
+    turn = _Turn(parts, plan)
     try:
-        yield from _turn_events(parts, plan, split)
+        yield from turn.start()
+        yield from turn.prefill()
+        yield from turn.decode()
+        yield from turn.close()
+        yield TurnDone(turn.reply.text, turn.stats(), turn.reply.reasoning)
     except Exception as exc:
         if isinstance(exc, DecodeError):
             log.warning("turn failed: %s", exc)
@@ -210,163 +183,206 @@ def run_turn(parts: TurnParts, plan: TurnPlan) -> Iterator[EngineEvent]:
             log.exception("turn failed")
             reason = f"{type(exc).__name__}: {exc}"
         parts.live.clear()
-        yield TurnFailed(reason, split.answer, split.reasoning)
+        yield TurnFailed(reason, turn.reply.text, turn.reply.reasoning)
 
 
-def _turn_events(parts: TurnParts, plan: TurnPlan, split: ReasoningSplitter) -> Iterator[EngineEvent]:
-    model, live, ck = parts.model, parts.live, parts.checkpoints
-    tokens, cancel, settings = plan.tokens, plan.cancel, plan.sampling
+class _Turn:
+    """One turn's phases, in order: `start` (from the best saved prefix), `prefill` (pausing at
+    the save points), `decode` (token by token, or speculatively), `close` (the follow-up
+    boundary and its checkpoint), then `stats`. What they measure is kept here."""
 
-    yield from _warnings(ck)  # e.g. a disk write that failed after the last turn
-    cached, source, restore_s = live.start_from_best(tokens, ck)
-    tail_len = len(tokens) - cached
-    yield TurnStarted(len(tokens), cached, tail_len, source)
-    yield from _warnings(ck)
+    def __init__(self, parts: TurnParts, plan: TurnPlan) -> None:
+        self.parts, self.plan = parts, plan
+        self.ck = parts.checkpoints
+        self.tokens = list(plan.prompt.tokens)
+        self.reply = Reply()
+        self.split = plan.splitter()
+        self.finish = "stop"
+        self.cached, self.source, self.restore_s = 0, "none", 0.0
+        self.saved: list[SavedCheckpoint] = []
+        self.save_s = 0.0  # time spent snapshotting, kept out of the prefill rate
+        self.close_s = 0.0
+        self.t_sampled: float | None = None  # the first token sampled (an end of generation too)
+        self.spec = SpecCounters()
 
-    saved: list[dict[str, Any]] = []
-    save_s = [0.0]  # time spent snapshotting, kept out of the prefill rate
+    def _warnings(self) -> Iterator[EngineEvent]:
+        if self.ck is not None:
+            yield from (EngineWarning(w) for w in self.ck.take_warnings())
 
-    def save_point() -> Iterator[EngineEvent]:
+    def _save_point(self) -> Iterator[EngineEvent]:
         t0 = time.perf_counter()
-        if ck is None:
+        if self.ck is None:
             return
-        n, nbytes = live.save(ck)
-        save_s[0] += time.perf_counter() - t0
+        n, nbytes = self.parts.live.save(self.ck)
+        self.save_s += time.perf_counter() - t0
         if n:
-            saved.append({"tokens": n, "bytes": nbytes})
-            yield CheckpointSaved(n, nbytes, "ram+disk" if ck.disk else "ram")
-        yield from _warnings(ck)
+            self.saved.append(SavedCheckpoint(n, nbytes))
+            yield CheckpointSaved(n, nbytes, "ram+disk" if self.ck.disk else "ram")
+        yield from self._warnings()
 
-    perf0 = live.perf()
-    decode_tokens = 0
-    finish = "stop"
-    t_prefill0 = time.perf_counter()
-    t_first = t_last = None
-    # -- prefill, one ubatch per llama_decode, pausing at the save points
-    interval = ck.settings.interval_tokens if ck else 0
-    save_last = ck is not None and tail_len >= ck.settings.min_prefill_tokens
-    stable = (
-        stable_prefix(lambda m: parts.tokens_for(m, plan.variables), plan.messages, tokens)
-        if save_last and ck is not None and ck.exact
-        else None
-    )
-    stops = _prefill_stops(cached, len(tokens), interval, save_last=save_last, stable=stable)
-    pos = cached
-    for stop in stops:
-        while pos < stop:
-            chunk = tokens[pos : min(stop, pos + live.n_ubatch)]
-            live.extend(chunk)
-            pos += len(chunk)
-            done = pos - cached
-            elapsed = time.perf_counter() - t_prefill0
-            tok_s = done / elapsed if elapsed > 0 else 0.0
-            eta = (tail_len - done) / tok_s if tok_s > 0 else 0.0
-            yield PrefillProgress(done, tail_len, tok_s, eta)
-            if cancel.is_set() and pos < len(tokens):
-                finish = "cancelled"
+    # -- the phases -----------------------------------------------------------------------------
+
+    def start(self) -> Iterator[EngineEvent]:
+        yield from self._warnings()  # e.g. a disk write that failed after the last turn
+        self.cached, self.source, self.restore_s = self.parts.live.start_from_best(self.tokens, self.ck)
+        yield TurnStarted(len(self.tokens), self.cached, len(self.tokens) - self.cached, self.source)
+        yield from self._warnings()
+
+    def _stops(self) -> list[int]:
+        """Where the prefill pauses to save (`_prefill_stops`)."""
+        ck, tokens = self.ck, self.tokens
+        if ck is None:
+            return _prefill_stops(self.cached, len(tokens), 0, save_last=False)
+        save_last = len(tokens) - self.cached >= ck.settings.min_prefill_tokens
+        stable = None
+        if save_last and ck.exact:
+            renderer, prompt = self.parts.renderer, self.plan.prompt
+            stable = stable_prefix(lambda m: renderer.tokens(m, prompt.variables), prompt.messages, tokens)
+        return _prefill_stops(
+            self.cached, len(tokens), ck.settings.interval_tokens, save_last=save_last, stable=stable
+        )
+
+    def prefill(self) -> Iterator[EngineEvent]:
+        """One ubatch per llama_decode, pausing at the save points."""
+        live, tokens, cached = self.parts.live, self.tokens, self.cached
+        tail_len = len(tokens) - cached
+        self.perf0 = live.perf()
+        self.t_prefill0 = time.perf_counter()
+        pos = cached
+        for stop in self._stops():
+            while pos < stop:
+                chunk = tokens[pos : min(stop, pos + live.n_ubatch)]
+                live.extend(chunk)
+                pos += len(chunk)
+                done = pos - cached
+                elapsed = time.perf_counter() - self.t_prefill0
+                tok_s = done / elapsed if elapsed > 0 else 0.0
+                yield PrefillProgress(done, tail_len, tok_s, (tail_len - done) / tok_s if tok_s > 0 else 0.0)
+                if self.plan.cancel.is_set() and pos < len(tokens):
+                    self.finish = "cancelled"
+                    break
+            if self.finish == "cancelled":
                 break
-        if finish == "cancelled":
-            break
-        if stop < len(tokens):
-            yield from save_point()
-    live.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
-    t_prefill1 = time.perf_counter()
-    prefill_s = t_prefill1 - t_prefill0 - save_s[0]
-    perf1 = live.perf()
-    steps1, threads1 = live.decode_threads()
+            if stop < len(tokens):
+                yield from self._save_point()
+        live.synchronize()  # books the prefill into llama.cpp's prompt-eval counters
+        self.t_prefill1 = time.perf_counter()
+        self.prefill_s = self.t_prefill1 - self.t_prefill0 - self.save_s
+        self.perf1 = live.perf()
+        self.threads1 = live.decode_threads()
 
-    # -- decode: each sampled token is shown, then decoded (`SpecStepper.step`: with a draft
-    # after it when speculation is on), which gives the next ones
-    spec = SpecCounters()
-    if finish != "cancelled":
-        utf8 = Utf8Stream()
-        with Sampler(settings, model.n_vocab, tokens) as sampler:
-            n_ctx = live.n_ctx
-            stepper = (
-                SpecStepper(live, sampler, plan.speculation, tokens) if plan.speculation.enabled else None
-            )
-            spec = stepper.counters if stepper is not None else spec
-            batch = [live.sample(sampler)]
-            stop = -1
-            while stop < 0:
-                for i, token in enumerate(batch):
-                    now = time.perf_counter()
-                    if t_first is None:
-                        t_first = now
-                    if model.is_eog(token) and not plan.ignore_eos:
-                        stop = i
+    def decode(self) -> Iterator[EngineEvent]:
+        """Each sampled token is shown, then decoded (`SpecStepper.step`: with a draft after it
+        when speculation is on), which gives the next ones."""
+        if self.finish != "cancelled":
+            live, plan = self.parts.live, self.plan
+            utf8 = Utf8Stream()
+            with Sampler(plan.sampling, self.parts.model.n_vocab, self.tokens) as sampler:
+                stepper = (
+                    SpecStepper(live, sampler, plan.speculation, self.tokens)
+                    if plan.speculation.enabled
+                    else None
+                )
+                self.spec = stepper.counters if stepper is not None else self.spec
+                batch = [live.sample(sampler)]
+                while True:
+                    stop = yield from self._emit(batch, utf8, stepper)
+                    if stop >= 0:
+                        if stepper is not None:
+                            stepper.settle(stop)  # the context ends just before the stopping token
                         break
-                    t_last = now
-                    decode_tokens += 1
-                    raw = model.token_bytes(token)
-                    part = split.feed(utf8.feed(raw), t=now, control="" if raw else model.token_text(token))
-                    yield TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning)
-                    if cancel.is_set():
-                        finish = "cancelled"
-                    elif (stepper.held_before(i) if stepper else len(live)) + 1 >= n_ctx:
-                        finish = "context"
-                    elif decode_tokens == settings.max_tokens:
-                        finish = "length"
-                    else:
-                        continue
-                    stop = i
-                    break
-                if stop >= 0:
                     if stepper is not None:
-                        stepper.settle(stop)  # the context ends just before the stopping token
-                    break
-                if stepper is not None:
-                    batch = stepper.step(batch[-1], settings.max_tokens - decode_tokens)
-                else:
-                    live.append(batch[-1])
-                    batch = [live.sample(sampler)]
-            split.finish(utf8.finish(), t=t_last)  # bytes of an unfinished character: U+FFFD
-    t_end = time.perf_counter()
-    perf2 = live.perf()
-    steps2, threads2 = live.decode_threads()
-    close_s = 0.0
-    if t_first is not None and finish != "context":
-        t_close = time.perf_counter()
-        closed = close_boundary(parts, plan, split.answer, decode_tokens, reasoning=split.reasoning)
-        close_s = time.perf_counter() - t_close
-        if closed or not model.hybrid:
-            yield from save_point()  # the follow-up boundary: where the next turn starts
-    decode_wall = (t_end - t_prefill1) if t_first is not None else 0.0
-    span = (t_last - t_first) if (t_first is not None and t_last is not None) else 0.0
-    stats = TurnStats(
-        ttft_s=(t_first - plan.t_start) if t_first is not None else 0.0,
-        prompt_tokens=len(tokens),
-        cached_tokens=cached,
-        prefill_tokens=tail_len,
-        prefill_s=prefill_s,
-        prefill_tok_s=(tail_len / prefill_s) if tail_len and prefill_s > 0 else 0.0,
-        decode_tokens=decode_tokens,
-        decode_s=span,
-        decode_tok_s=(decode_tokens - 1) / span if decode_tokens > 1 and span > 0 else 0.0,
-        graphs_reused=perf2.n_reused - perf0.n_reused,
-        llama_eval_ms=perf2.eval_ms - perf1.eval_ms,
-        llama_prompt_eval_ms=perf1.prompt_eval_ms - perf0.prompt_eval_ms,
-        wall_ms=decode_wall * 1000.0,
-        total_s=t_end - plan.t_start,
-        finish_reason=finish,
-        checkpoint={
-            "source": source,
-            "restore_s": round(restore_s, 4),
-            "saved": saved,
-            "close_s": round(close_s, 4),
-        },
-        reasoning_tokens=split.reasoning_tokens,
-        first_answer_s=(split.first_answer_t - plan.t_start) if split.first_answer_t is not None else None,
-        spec_drafted=spec.drafted,
-        spec_accepted=spec.accepted,
-        spec_rounds=spec.rounds,
-        spec_declined=spec.declined,
-        spec_guarded=spec.guarded,
-        spec_batches=dict(spec.batches),
-        spec_batch_steps=spec.mean_batch_steps(),
-        spec_after_verify_steps=spec.mean_after_verify_steps(),
-        spec_exactness=plan.spec_exactness if plan.speculation.enabled else "",
-        decode_calls=spec.decode_calls if spec.decode_calls else max(decode_tokens - 1, 0),
-        decode_threads=(threads2 - threads1) / (steps2 - steps1) if steps2 > steps1 else 0.0,
-    )
-    yield TurnDone(split.answer, stats, split.reasoning)
+                        batch = stepper.step(batch[-1], plan.sampling.max_tokens - self.reply.n_tokens)
+                    else:
+                        live.append(batch[-1])
+                        batch = [live.sample(sampler)]
+            held = self.split.finish(utf8.finish())  # bytes of an unfinished character: U+FFFD
+            self.reply.add_held(held.answer, held.reasoning, self.reply.t_last)
+        self.t_end = time.perf_counter()
+        self.perf2 = self.parts.live.perf()
+        self.threads2 = self.parts.live.decode_threads()
+
+    def _emit(
+        self, batch: list[int], utf8: Utf8Stream, stepper: SpecStepper | None
+    ) -> Generator[EngineEvent, None, int]:
+        """Show the sampled tokens in order; the index of the one the reply stops at (an end
+        of generation, a cancel, the context or the length limit), or -1."""
+        model, plan = self.parts.model, self.plan
+        for i, token in enumerate(batch):
+            now = time.perf_counter()
+            if self.t_sampled is None:
+                self.t_sampled = now
+            if model.is_eog(token) and not plan.ignore_eos:
+                return i
+            raw = model.token_bytes(token)
+            part = self.split.feed(utf8.feed(raw), control="" if raw else model.token_text(token))
+            yield self.reply.add(TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning))
+            if plan.cancel.is_set():
+                self.finish = "cancelled"
+            elif (stepper.held_before(i) if stepper else len(self.parts.live)) + 1 >= self.parts.live.n_ctx:
+                self.finish = "context"
+            elif self.reply.n_tokens == plan.sampling.max_tokens:
+                self.finish = "length"
+            else:
+                continue
+            return i
+        return -1
+
+    def close(self) -> Iterator[EngineEvent]:
+        """The follow-up boundary, and a checkpoint there: where the next turn starts."""
+        if self.t_sampled is not None and self.finish != "context":
+            t_close = time.perf_counter()
+            closed = close_boundary(
+                self.parts, self.plan, self.reply.text, self.reply.n_tokens, reasoning=self.reply.reasoning
+            )
+            self.close_s = time.perf_counter() - t_close
+            if closed or not self.parts.model.hybrid:
+                yield from self._save_point()
+
+    def stats(self) -> TurnStats:
+        tokens, reply, plan, spec = self.tokens, self.reply, self.plan, self.spec
+        tail_len, n = len(tokens) - self.cached, reply.n_tokens
+        span = (
+            (reply.t_last - self.t_sampled)
+            if self.t_sampled is not None and reply.t_last is not None
+            else 0.0
+        )
+        (steps1, threads1), (steps2, threads2) = self.threads1, self.threads2
+        return TurnStats(
+            ttft_s=(self.t_sampled - plan.t_start) if self.t_sampled is not None else 0.0,
+            prompt_tokens=len(tokens),
+            cached_tokens=self.cached,
+            prefill_tokens=tail_len,
+            prefill_s=self.prefill_s,
+            prefill_tok_s=(tail_len / self.prefill_s) if tail_len and self.prefill_s > 0 else 0.0,
+            decode_tokens=n,
+            decode_s=span,
+            decode_tok_s=(n - 1) / span if n > 1 and span > 0 else 0.0,
+            total_s=self.t_end - plan.t_start,
+            finish_reason=self.finish,
+            source=self.source,
+            reasoning_tokens=self.split.reasoning_tokens,
+            first_answer_s=(reply.t_first_answer - plan.t_start)
+            if reply.t_first_answer is not None
+            else None,
+            checkpoint=CheckpointStats(self.restore_s, tuple(self.saved), self.close_s),
+            speculation=SpeculationStats(
+                drafted=spec.drafted,
+                accepted=spec.accepted,
+                rounds=spec.rounds,
+                declined=spec.declined,
+                guarded=spec.guarded,
+                batches=dict(spec.batches),
+                batch_steps=spec.mean_batch_steps(),
+                after_verify_steps=spec.mean_after_verify_steps(),
+                decode_calls=spec.decode_calls if spec.decode_calls else max(n - 1, 0),
+                exactness=plan.spec_exactness if plan.speculation.enabled else "",
+            ),
+            llama=LlamaTimings(
+                graphs_reused=self.perf2.n_reused - self.perf0.n_reused,
+                eval_ms=self.perf2.eval_ms - self.perf1.eval_ms,
+                prompt_eval_ms=self.perf1.prompt_eval_ms - self.perf0.prompt_eval_ms,
+                wall_ms=((self.t_end - self.t_prefill1) if self.t_sampled is not None else 0.0) * 1000.0,
+                decode_threads=(threads2 - threads1) / (steps2 - steps1) if steps2 > steps1 else 0.0,
+            ),
+        )

@@ -8,9 +8,9 @@ present where a GPU is.
 
 `launch_kernel` calls `cuLaunchKernel` with arguments packed once (`PackedArgs`) on a raw
 `cudaStream_t`: the later llama.cpp integration launches on llama.cpp's own stream every ubatch,
-and this needs no CuPy stream wrapper or per-call argument boxing. It is not a measured speed-up:
-on the H200 VM a launch + sync costs 13-14 us either way (benchmarks/README.md). Nothing here
-runs at import time.
+and this needs no CuPy stream wrapper or per-call argument boxing. It is not a speed-up: a launch
+and synchronize cost about the same through CuPy (docs/results/ple.md). Nothing here runs at
+import time.
 """
 
 from __future__ import annotations

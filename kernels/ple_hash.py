@@ -17,13 +17,11 @@ The output is int32 rows [n_tokens, n_heads], exactly the `rows` input llama.cpp
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-from velo_chat.engine.llama.gguf_file import read_header
 
 _U64 = (1 << 64) - 1
 
@@ -70,9 +68,9 @@ class PleHashSpec:
         return max(o + v for o, v in zip(self.head_offsets, self.head_vocab_sizes, strict=True))
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike[str], arch: str | None = None) -> PleHashSpec:
-        """Read the spec from the `<arch>.ple.*` keys of a GGUF header (no tensor data read)."""
-        md = read_header(Path(path), keep_arrays=True).metadata
+    def from_metadata(cls, md: Mapping[str, Any], arch: str | None = None) -> PleHashSpec:
+        """The spec from the `<arch>.ple.*` keys of a GGUF's metadata (a header read with its
+        arrays kept)."""
         p = f"{arch or md.get('general.architecture', 'qwen4exp')}.ple."
         keys = (
             "ngram_size",
@@ -84,7 +82,7 @@ class PleHashSpec:
         )
         missing = [p + k for k in keys if md.get(p + k) is None]
         if missing:
-            raise KeyError(f"{path}: missing PLE keys {missing}")
+            raise KeyError(f"missing PLE keys {missing}")
         return cls(
             ngram_size=int(md[p + "ngram_size"]),
             heads_per_ngram=int(md[p + "heads_per_ngram"]),

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -33,19 +31,18 @@ import numpy as np
 from . import cudart
 from .cuda_kernels import GatherLaunch, as_stream
 from .dequant import check_rows
-from .gguf_tensor import TableLocation, locate_tensor
+from .gguf_tensor import TableLocation
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["pageable", "registered", "staged"]
 MODES: tuple[Mode, ...] = ("pageable", "registered", "staged")
-PLE_TENSOR = "per_layer_token_embd.weight"
 
 # In `registered` mode, host-side gathers of more rows than this take the staged path. Over PCIe
-# the GPU's random 90-byte reads of a registered 8 GiB table run at ~3.8 GB/s (GPU TLB misses on
-# 4 KiB host pages: 17 GB/s within a 64 MiB window), so on the H200 staging won from 1,024 rows
-# (PLE share in a CUDA graph 21 vs 31 us) to 8,192 rows (71 vs 207 us), and tied at 16 rows
-# (benchmarks/README.md). Decode-sized gathers (up to 4 tokens x 16 heads) stay in place.
+# the GPU's random 90-byte reads of a large registered table are bound by GPU TLB misses on 4 KiB
+# host pages, so staging the raw rows wins for prefill-sized gathers and ties for a token's
+# (docs/results/ple.md, `benchmarks/ple_gather.py`). Decode-sized gathers (up to 4 tokens x 16
+# heads) stay in place.
 # Pageable mode (GB10) never stages: there the table is in the GPU's own memory.
 STAGE_ABOVE_ROWS = 64
 
@@ -130,11 +127,6 @@ class PleTable:
             self.mode,
             self.mode_reason,
         )
-
-    @classmethod
-    def open(cls, path: str | os.PathLike[str], tensor_name: str = PLE_TENSOR, **kwargs: Any) -> PleTable:
-        """Map `tensor_name` of the GGUF at `path` (see the class for `mode` etc.)."""
-        return cls(locate_tensor(Path(path), tensor_name), **kwargs)
 
     # -- mode selection ----------------------------------------------------------------------
     def _register_refusal(self) -> str | None:

@@ -381,18 +381,6 @@ class SessionStore:
             rows.session(conn, session_id)
             return rows.messages(conn, session_id)
 
-    def delete_messages_after(self, session_id: str, position: int) -> int:
-        """Delete the messages after `position` (regenerate, edit-last-message); -1 clears all.
-        Returns how many were deleted."""
-        with self._transaction(write=True) as conn:
-            rows.session(conn, session_id)
-            deleted = conn.execute(
-                "DELETE FROM messages WHERE session_id = ? AND position > ?", (session_id, position)
-            ).rowcount
-            if deleted:
-                conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (self._clock(), session_id))
-        return deleted
-
     # -- search -----------------------------------------------------------------------------
 
     def search(self, query: str, *, session_id: str | None = None, limit: int = 50) -> list[SearchHit]:

@@ -20,7 +20,7 @@ import pytest
 from velo_chat.engine.setup import default_model
 from velo_chat.engine.engine import Engine
 
-from tests.support import data_cache
+from devkit import data_cache
 from tests.support.engine_helpers import test_profile
 
 pytest_plugins = [
@@ -93,7 +93,7 @@ def qwen_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     prebuilt = os.environ.get("VELO_TEST_QWEN")
     if prebuilt:
         return Path(prebuilt)
-    from tests.support.tiny_qwen4exp import tiny_qwen4exp_path
+    from devkit.tiny_qwen4exp import tiny_qwen4exp_path
 
     smollm2 = request.getfixturevalue("smollm2_path")
     return tiny_qwen4exp_path(tmp_path_factory.mktemp("tiny-qwen4exp"), smollm2)

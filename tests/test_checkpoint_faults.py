@@ -19,6 +19,7 @@ import pytest
 from velo_chat.engine.checkpoints import file_format as cf
 from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
+from velo_chat.engine.diagnostics import diagnostics
 from velo_chat.engine.events import EngineWarning, TurnDone
 
 from tests.support.engine_helpers import run_cli, test_profile
@@ -75,7 +76,7 @@ def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, 
             data[8:40] = b"\x07" * 32
         f.write_bytes(bytes(data))
     done, warnings = fresh_turn(smollm2_path, root)
-    assert done.stats.checkpoint["source"] == "none" and done.stats.cached_tokens == 0
+    assert done.stats.source == "none" and done.stats.cached_tokens == 0
     assert len(warnings) >= 1 and all("discarded checkpoint" in w for w in warnings)
     assert done.text == first.text == cold_text(smollm2_path)
     for f in files:
@@ -99,7 +100,7 @@ def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path):
     convo = Q + [ChatMessage("assistant", first.text), ChatMessage("user", "And one more?")]
     done, warnings = fresh_turn(smollm2_path, root, convo)
     assert any("payload checksum mismatch" in w for w in warnings)
-    assert done.stats.checkpoint["source"] == "disk"
+    assert done.stats.source == "disk"
     assert done.stats.cached_tokens == n_prefill_end
 
 
@@ -114,11 +115,11 @@ def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path,
     for f in smol_dir.glob(f"*{cf.SUFFIX}"):
         shutil.copy(f, qwen_dir / f.name)
     done, warnings = fresh_turn(qwen_path, root)
-    assert done.stats.checkpoint["source"] == "none"
+    assert done.stats.source == "none"
     assert sum("belongs to another model" in w for w in warnings) == 2
     # Other context parameters (KV cache type): a separate directory, never a candidate.
     done, warnings = fresh_turn(smollm2_path, root)
-    assert done.stats.checkpoint["source"] == "disk"
+    assert done.stats.source == "disk"
     other = test_profile(
         smollm2_path, context={"type_k": "f32", "type_v": "f32"}, checkpoints={"interval_tokens": 0}
     )
@@ -126,7 +127,7 @@ def test_checkpoints_of_another_model_or_layout_are_never_restored(smollm2_path,
         engine.load()
         f32_dir = engine._checkpoints.disk.dir
         done, warnings = turn(engine)
-    assert done.stats.checkpoint["source"] == "none" and warnings == []
+    assert done.stats.source == "none" and warnings == []
     assert f32_dir not in (smol_dir, qwen_dir)
     # ... and a file moved into the wrong layout's directory is caught by its header.
     for f in smol_dir.glob(f"*{cf.SUFFIX}"):
@@ -142,7 +143,7 @@ def test_disk_budget_smaller_than_one_checkpoint(smollm2_path, tmp_path):
     with Engine(profile(smollm2_path, disk_budget_gib=0.0001), checkpoint_root=root) as engine:
         engine.load()
         done, _ = turn(engine)
-        engine.flush_checkpoints()
+        diagnostics(engine).flush_checkpoints()
         _, warnings = turn(engine)
     assert done.text
     assert any("larger than the disk budget" in w for w in warnings)
@@ -158,7 +159,7 @@ def test_disk_budget_is_never_exceeded(smollm2_path, tmp_path):
         engine.load()
         for i in range(3):
             turn(engine, [ChatMessage("user", f"Count to {i + 3}.")])
-            engine.flush_checkpoints()
+            diagnostics(engine).flush_checkpoints()
             total = sum(f.stat().st_size for f in root.glob(f"*/*{cf.SUFFIX}"))
             assert total <= budget_gib * 2**30
 
@@ -174,7 +175,7 @@ def test_read_only_checkpoint_dir(smollm2_path, tmp_path):
         with Engine(profile(smollm2_path), checkpoint_root=root) as engine:
             engine.load()
             done, _ = turn(engine)
-            engine.flush_checkpoints()
+            diagnostics(engine).flush_checkpoints()
             again, warnings = turn(engine, [ChatMessage("user", "Name a third colour.")])
         assert done.text and again.text
         assert any("could not save checkpoint" in w for w in warnings)
@@ -188,6 +189,7 @@ from pathlib import Path
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full disk: writes fail with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 from velo_chat.engine.prompt.chat_template import ChatMessage
+from velo_chat.engine.diagnostics import diagnostics
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import EngineWarning, TurnDone
 from tests.support.engine_helpers import test_profile
@@ -195,7 +197,7 @@ p = test_profile(Path(sys.argv[1]), checkpoints={"interval_tokens": 0})
 with Engine(p, checkpoint_root=Path(sys.argv[2])) as e:
     e.load()
     list(e.turn([ChatMessage("user", "Hi")], max_tokens=8))
-    e.flush_checkpoints()
+    diagnostics(e).flush_checkpoints()
     events = list(e.turn([ChatMessage("user", "Hello")], max_tokens=8))
     assert isinstance(events[-1], TurnDone) and events[-1].text
     for ev in events:

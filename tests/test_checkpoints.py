@@ -19,6 +19,7 @@ from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.checkpoints.tiers import DiskTier, RamTier
 from velo_chat.engine.checkpoints.manager import Checkpoints
 from velo_chat.engine.config.profile_schema import CheckpointSettings
+from velo_chat.engine.diagnostics import diagnostics
 
 FP = "f" * 64
 LAYOUT = {"k": 1}
@@ -195,8 +196,8 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
     shared with the RAM tier (one array), and the oldest waiting ones are dropped, not the
     newest."""
     ctx = smol_engine._ctx
-    smol_engine.reset()
-    tokens = smol_engine.tokens_for([ChatMessage("user", "Tell me about rivers. " * 20)])[:96]
+    diagnostics(smol_engine).reset()
+    tokens = diagnostics(smol_engine).tokens_for([ChatMessage("user", "Tell me about rivers. " * 20)])[:96]
     settings = CheckpointSettings(ram_budget_mib=2, disk_budget_gib=1.0)
     ck = Checkpoints(settings, fingerprint=FP, ctx=ctx, hybrid=False, root=tmp_path)
     tracemalloc.start()
@@ -223,7 +224,7 @@ def test_writes_waiting_for_the_disk_stay_within_the_ram_budget(smol_engine, tmp
     on_disk = {cf.read_header(f)[0].n_tokens for f in tmp_path.glob(f"*/*{cf.SUFFIX}")}
     assert {8, len(tokens)} <= on_disk  # the one in progress and the newest were kept
     assert len(on_disk) < len(sizes)
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
 
 
 def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
@@ -233,8 +234,8 @@ def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
 
     monkeypatch.setattr(checkpoint_tiers, "ABANDON_GRACE_S", 0.1)
     ctx = smol_engine._ctx
-    smol_engine.reset()
-    tokens = smol_engine.tokens_for([ChatMessage("user", "Name two colours.")])
+    diagnostics(smol_engine).reset()
+    tokens = diagnostics(smol_engine).tokens_for([ChatMessage("user", "Name two colours.")])
     settings = CheckpointSettings(disk_budget_gib=1.0, close_timeout_s=0.5)
     ck = Checkpoints(settings, fingerprint=FP, ctx=ctx, hybrid=False, root=tmp_path)
     ctx.decode(tokens)
@@ -251,7 +252,7 @@ def test_close_gives_up_on_a_stuck_disk_within_its_timeout(
     writer.join(60)
     assert not writer.is_alive()
     assert list(tmp_path.glob("*/*")) == []
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
 
 
 def test_an_abandoned_write_leaves_no_partial_file(tmp_path, monkeypatch, caplog):

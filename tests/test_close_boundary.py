@@ -18,7 +18,9 @@ from velo_chat.engine.checkpoints import file_format as cf
 from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.config.profile_schema import SamplingSettings
-from velo_chat.engine.turn_runner import TurnPlan, close_boundary, follow_up_prefix
+from velo_chat.engine.prompt.rendered import follow_up_prefix
+from velo_chat.engine.turn_runner import TurnPlan, close_boundary
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import test_profile
 
@@ -39,10 +41,9 @@ def profile(path: Path, **checkpoints):
     )
 
 
-def plan_for(messages) -> TurnPlan:
+def plan_for(engine: Engine, messages) -> TurnPlan:
     return TurnPlan(
-        messages=tuple(messages),
-        tokens=[],
+        prompt=engine._parts().renderer.render(messages),
         sampling=SamplingSettings(),
         cancel=threading.Event(),
         t_start=0.0,
@@ -53,11 +54,11 @@ def plan_for(messages) -> TurnPlan:
 def live_after_a_mismatched_reply(engine: Engine, messages) -> tuple[list[int], list[int]]:
     """Make the context hold the prompt plus two tokens the reply does not start with; return
     (prompt, follow-up boundary for REPLY)."""
-    engine.reset()
-    prompt = engine.tokens_for(messages)
+    diagnostics(engine).reset()
+    prompt = diagnostics(engine).tokens_for(messages)
     sampled = engine._model.tokenize(" zebra zebra", parse_special=False)[:2]
     engine._live.extend(prompt + sampled)
-    target = follow_up_prefix(engine.tokens_for, tuple(messages), REPLY)
+    target = follow_up_prefix(diagnostics(engine).tokens_for, tuple(messages), REPLY)
     assert target[: len(prompt)] == prompt and target[len(prompt)] != sampled[0]
     return prompt, target
 
@@ -74,8 +75,8 @@ def test_a_failed_restore_is_not_followed_by_a_prefill_past_the_budget(qwen_path
     with Engine(profile(qwen_path), checkpoint_root=root) as engine:
         engine.load()
         assert engine._model.hybrid
-        engine.complete(LONG, max_tokens=2)
-        assert engine.flush_checkpoints(60)
+        diagnostics(engine).complete(LONG, max_tokens=2)
+        assert diagnostics(engine).flush_checkpoints(60)
         for key in list(engine._checkpoints.ram.entries):  # only the disk copies are left
             engine._checkpoints.ram.drop(key)
         prompt, target = live_after_a_mismatched_reply(engine, LONG)
@@ -87,7 +88,7 @@ def test_a_failed_restore_is_not_followed_by_a_prefill_past_the_budget(qwen_path
         n_generated = 30
         budget = 2 * n_generated + 64
         assert len(target) - (len(prompt) - 1) <= budget < len(target)
-        assert close_boundary(engine._parts(), plan_for(LONG), REPLY, n_generated) is False
+        assert close_boundary(engine._parts(), plan_for(engine, LONG), REPLY, n_generated) is False
         assert list(engine._live.tokens) == [] and context_len(engine) == 0
         assert any("payload checksum mismatch" in w for w in engine._checkpoints.take_warnings())
 
@@ -102,7 +103,7 @@ def test_a_cancelled_turn_stops_the_boundary_prefill_within_one_ubatch(model, re
         prompt, target = live_after_a_mismatched_reply(engine, LONG)
         start = 0 if engine._model.hybrid else len(prompt)  # hybrid: from nothing; else truncate
         assert len(target) - start > 3 * UBATCH
-        plan = plan_for(LONG)
+        plan = plan_for(engine, LONG)
         decode = engine._ctx.decode
         calls = []
 
@@ -128,7 +129,7 @@ def test_a_turn_cancelled_before_the_boundary_leaves_the_context_as_it_was(qwen_
         engine.load()
         prompt, _ = live_after_a_mismatched_reply(engine, LONG)
         before = list(engine._live.tokens)
-        plan = plan_for(LONG)
+        plan = plan_for(engine, LONG)
         plan.cancel.set()
         assert close_boundary(engine._parts(), plan, REPLY, n_generated=1000) is False
         assert list(engine._live.tokens) == before and context_len(engine) == len(before)

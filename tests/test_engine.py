@@ -17,6 +17,7 @@ from velo_chat.engine.events import (
     TurnDone,
     TurnStarted,
 )
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import test_profile
 
@@ -43,7 +44,7 @@ def test_greedy_is_deterministic_across_engines(smollm2_path):
 
 
 def test_events_arrive_in_order_with_consistent_counts(smol_engine):
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
     events = collect(smol_engine.turn(QUESTION, max_tokens=40))
     assert isinstance(events[0], TurnStarted)
     saved = [e for e in events if isinstance(e, CheckpointSaved)]
@@ -65,20 +66,20 @@ def test_events_arrive_in_order_with_consistent_counts(smol_engine):
     assert s.prefill_tokens + s.cached_tokens == s.prompt_tokens == started.prompt_tokens
     assert "".join(t.text for t in tokens) == done.text
     assert s.ttft_s > 0 and s.decode_tok_s > 0 and s.prefill_tok_s > 0
-    assert s.llama_eval_ms > 0 and s.llama_prompt_eval_ms > 0
-    assert s.graphs_reused > 0
+    assert s.llama.eval_ms > 0 and s.llama.prompt_eval_ms > 0
+    assert s.llama.graphs_reused > 0
     assert s.finish_reason in ("stop", "length")
     times = [t.t for t in tokens]
     assert times == sorted(times)
 
 
 def test_follow_up_reuses_the_live_context(smol_engine):
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
     first = done_of(collect(smol_engine.turn(QUESTION, max_tokens=32)))
     convo = QUESTION + [ChatMessage("assistant", first.text), ChatMessage("user", "Now make it handle None.")]
     warm = done_of(collect(smol_engine.turn(convo, max_tokens=32)))
     assert warm.stats.cached_tokens > first.stats.prompt_tokens
-    assert warm.stats.checkpoint["source"] == "live"
+    assert warm.stats.source == "live"
     assert warm.stats.prefill_tokens == warm.stats.prompt_tokens - warm.stats.cached_tokens
 
 
@@ -99,14 +100,14 @@ def test_live_reuse_is_token_identical_to_a_cold_run(smollm2_path):
         ]
         warm = done_of(collect(engine.turn(convo, max_tokens=24)))
         assert warm.stats.cached_tokens > first.stats.prompt_tokens
-        engine.reset()
+        diagnostics(engine).reset()
         cold = done_of(collect(engine.turn(convo, max_tokens=24)))
     assert cold.stats.cached_tokens == 0
     assert cold.text == warm.text
 
 
 def test_cancel_mid_prefill_stops_within_one_ubatch(smol_engine):
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
     long_prompt = [ChatMessage("user", "Tell me about rivers. " * 120)]
     cancel = threading.Event()
     events = []
@@ -128,7 +129,7 @@ def test_cancel_mid_prefill_stops_within_one_ubatch(smol_engine):
 
 
 def test_cancel_mid_decode_stops_within_one_token_and_keeps_text(smol_engine):
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
     cancel = threading.Event()
     deltas = []
     events = []
@@ -189,7 +190,7 @@ def test_prompt_longer_than_context_is_rejected_before_any_event(smol_engine):
 
 
 def test_max_tokens_and_sampling_options(smol_engine):
-    smol_engine.reset()
+    diagnostics(smol_engine).reset()
     done = done_of(collect(smol_engine.turn(QUESTION, max_tokens=3)))
     assert done.stats.decode_tokens == 3 and done.stats.finish_reason == "length"
     from velo_chat.engine.config.profile_schema import SamplingSettings
@@ -225,6 +226,6 @@ def test_a_model_without_chat_template_is_a_clear_error():
 def test_the_engine_prints_nothing(smollm2_path, capfd):
     with Engine(test_profile(smollm2_path, checkpoints={"enabled": False})) as engine:
         engine.load()
-        engine.complete(QUESTION, max_tokens=4)
+        diagnostics(engine).complete(QUESTION, max_tokens=4)
     out, err = capfd.readouterr()
     assert out == "" and err == ""

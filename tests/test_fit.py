@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from velo_chat.engine import DoesNotFit
 from velo_chat.engine.config import locations
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.fit import estimate, llama_buffers, machine, report
@@ -19,9 +20,10 @@ from velo_chat.engine.fit.model_facts import read_facts
 from velo_chat.engine.llama.gguf_file import GGUFError
 from velo_chat.engine.llama.context import LlamaContext
 from velo_chat.engine.llama.model import LlamaModel
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import run_cli, test_profile
-from tests.support.gguf_split import split_gguf
+from devkit.gguf_split import split_gguf
 
 CASES = {
     "smol-test": ("smol", {}),
@@ -143,7 +145,7 @@ def test_a_profile_that_does_not_fit_gets_settings_that_would_make_it_fit(smollm
     refused = report.check(profile, smollm2_path, small)
     assert not refused.fits and refused.verdict == "does not fit"
     assert refused.suggestions, refused.table()
-    assert "to fit: " in refused.table() and "does not fit" in str(report.DoesNotFit(refused))
+    assert "to fit: " in refused.table() and "does not fit" in str(DoesNotFit(refused))
     for suggestion in refused.suggestions:  # each one is enough on its own
         changed = profile
         for part in suggestion.split(" and "):
@@ -195,7 +197,7 @@ def test_print_config_shows_the_fit_table(velo_home):
 def test_a_checked_load_logs_each_term_next_to_what_llama_cpp_allocated(qwen_path: Path, caplog):
     engine = Engine(test_profile(qwen_path, model={"n_gpu_layers": 0}, checkpoints={"enabled": False}))
     engine.check()
-    assert engine.fit is not None and engine.fit.fits
+    assert diagnostics(engine).fit is not None and diagnostics(engine).fit.fits
     with caplog.at_level(logging.INFO, logger="velo_chat.engine.engine"):
         engine.load()
     engine.close()

@@ -3,7 +3,7 @@
 On a CPU build the setting validates and every value loads and answers; on the GPU machine
 (`VELO_TEST_GPU_LAYERS=-1`, a CUDA build: the `gpu` tests) each value is what CUDA reads back
 after the load, and greedy output does not depend on it. Speed is measured by
-`benchmarks/device_threads.sh`, not here.
+`benchmarks/device/device_threads.sh`, not here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from velo_chat.engine.config.profiles import ProfileError, build_profile, profil
 from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import run_cli, test_profile
 
@@ -24,8 +25,8 @@ PROMPT = "Count from one to ten."
 
 
 def greedy(engine: Engine, n: int) -> list[int]:
-    engine.reset()
-    events = engine.turn([ChatMessage("user", PROMPT)], max_tokens=n, ignore_eos=True)
+    diagnostics(engine).reset()
+    events = diagnostics(engine).turn([ChatMessage("user", PROMPT)], max_tokens=n, ignore_eos=True)
     return [e.token_id for e in events if isinstance(e, TokenDelta)]
 
 
@@ -126,13 +127,13 @@ def test_a_load_with_each_value_answers_and_says_what_was_set(qwen_path):
         engine = Engine(test_profile(qwen_path, model={"gpu_wait": value, "n_gpu_layers": -1}))
         loaded = engine.load()
         if gpu_wait.cuda_runtime() is None:  # no CUDA in this build
-            assert "GPU wait" not in loaded.threads
+            assert "GPU wait" not in loaded.threads.plan
         elif value != "auto":
-            assert loaded.threads.endswith(f"; GPU wait {value}")
+            assert loaded.threads.plan.endswith(f"; GPU wait {value}")
         else:
             mode = gpu_wait.AUTO_MODE
             said = f"GPU wait {mode} (auto)" if mode else "GPU wait as CUDA sets it (auto: CUDA's default)"
-            assert loaded.threads.endswith(f"; {said}")
+            assert loaded.threads.plan.endswith(f"; {said}")
         outputs.append(greedy(engine, 12))
         engine.close()
     assert all(o == outputs[0] for o in outputs)

@@ -9,7 +9,7 @@ import platformdirs
 
 from velo_chat.engine.config import locations
 
-from tests.support.data_cache import cache_dir
+from devkit.data_cache import cache_dir
 from tests.support.engine_helpers import run_cli
 
 

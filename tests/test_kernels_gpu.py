@@ -15,15 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.ple_reference import gather_dequant, random_table, write_single_tensor_gguf
+from velo_chat.engine.llama.ple_provider import locate_tensor
 from velo_chat.kernels import cudart
-from velo_chat.kernels.dequant import (
-    GGML_TYPE_IQ4_NL,
-    SUPPORTED_TYPES,
-    gather_dequant,
-    random_table,
-    row_nbytes,
-)
-from velo_chat.kernels.gguf_tensor import write_single_tensor_gguf
+from velo_chat.kernels.dequant import GGML_TYPE_IQ4_NL, SUPPORTED_TYPES, row_nbytes
 from velo_chat.kernels.ple_hash import PleHashSpec, ple_rows, ple_rows_from_prev, prev_tokens
 
 pytestmark = pytest.mark.gpu
@@ -102,7 +97,7 @@ def _write_table(path: Path, ggml_type: int, row_dim: int, data: np.ndarray) -> 
 
 def _open(path: Path, mode: str, **kw: object) -> PleTable:
     try:
-        return PleTable.open(path, mode=mode, **kw)
+        return PleTable(locate_tensor(path, PLE), mode=mode, **kw)
     except PleTableError as exc:
         if mode == "pageable":
             pytest.skip(str(exc))
@@ -168,8 +163,8 @@ def test_registration_is_refused_above_the_ram_share(tmp_path: Path, rng: np.ran
     path = tmp_path / "t.gguf"
     _write_table(path, GGML_TYPE_IQ4_NL, 64, random_table(GGML_TYPE_IQ4_NL, 1000, 64, rng))
     with pytest.raises(PleTableError, match="registered mode refused: pinning .* would exceed"):
-        PleTable.open(path, mode="registered", max_register_fraction=1e-12)
-    with PleTable.open(path, mode="auto", max_register_fraction=1e-12) as table:
+        PleTable(locate_tensor(path, PLE), mode="registered", max_register_fraction=1e-12)
+    with PleTable(locate_tensor(path, PLE), mode="auto", max_register_fraction=1e-12) as table:
         if table.access.pageable_memory_access:
             assert table.mode == "pageable"
         else:
@@ -180,7 +175,7 @@ def test_registration_is_refused_above_the_ram_share(tmp_path: Path, rng: np.ran
 def test_auto_mode_reports_its_choice(tmp_path: Path, rng: np.random.Generator) -> None:
     path = tmp_path / "t.gguf"
     _write_table(path, GGML_TYPE_IQ4_NL, 64, random_table(GGML_TYPE_IQ4_NL, 1000, 64, rng))
-    with PleTable.open(path, max_register_fraction=0.9) as table:
+    with PleTable(locate_tensor(path, PLE), max_register_fraction=0.9) as table:
         want = "pageable" if table.access.pageable_memory_access else "registered"
         assert table.mode == want
         d = table.describe()
@@ -205,8 +200,6 @@ def test_table_larger_than_8_gib(
     big_table: Path, rng: np.random.Generator, mode: str, stage_above: int | None
 ) -> None:
     rb = row_nbytes(GGML_TYPE_IQ4_NL, 160)
-    from velo_chat.kernels.gguf_tensor import locate_tensor
-
     loc = locate_tensor(big_table, PLE)
     assert loc.nbytes > 8 * 2**30 and loc.row_dim == 160
     n = loc.n_rows

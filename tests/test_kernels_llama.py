@@ -18,9 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.tiny_qwen4exp import PLE_TYPES, decode_index_rows, tiny_qwen4exp_path
-from velo_chat.kernels.dequant import gather_dequant, ggml_type_id, table_view
-from velo_chat.kernels.gguf_tensor import locate_tensor
+from devkit.ple_reference import gather_dequant, table_view
+from devkit.tiny_qwen4exp import PLE_TYPES, decode_index_rows, tiny_qwen4exp_path
+from velo_chat.engine.llama.gguf_file import read_header
+from velo_chat.engine.llama.ple_provider import locate_tensor
+from velo_chat.kernels.dequant import ggml_type_id
 from velo_chat.kernels.ple_hash import PleHashSpec, ple_rows
 
 ll = pytest.importorskip("llama_cpp.llama_cpp")
@@ -132,6 +134,11 @@ def index_model(cache_dir: Path, smollm2_path: Path) -> Path:
     )
 
 
+def _spec(path: Path) -> PleHashSpec:
+    """The hash spec from the model's `<arch>.ple.*` keys (its header, arrays kept)."""
+    return PleHashSpec.from_metadata(read_header(path, keep_arrays=True).metadata)
+
+
 @pytest.fixture(scope="module")
 def index_capture(index_model: Path) -> Iterator[TensorCapture]:
     cap = TensorCapture(index_model, "ple_embd", n_ubatch=5)
@@ -140,7 +147,7 @@ def index_capture(index_model: Path) -> Iterator[TensorCapture]:
 
 
 def test_spec_is_read_from_the_gguf(index_model: Path) -> None:
-    spec = PleHashSpec.from_gguf(index_model)
+    spec = _spec(index_model)
     assert spec.ngram_size == 5 and spec.n_heads == 4 and spec.eos_token_id == EOS
     assert spec.min_table_rows <= locate_tensor(index_model, "per_layer_token_embd.weight").n_rows
 
@@ -149,7 +156,7 @@ def test_spec_is_read_from_the_gguf(index_model: Path) -> None:
 def test_hash_reproduces_llama_cpp(
     index_model: Path, index_capture: TensorCapture, chunk: int | None
 ) -> None:
-    spec = PleHashSpec.from_gguf(index_model)
+    spec = _spec(index_model)
     loc = locate_tensor(index_model, "per_layer_token_embd.weight")
     table = table_view(
         np.fromfile(index_model, np.uint8, count=loc.nbytes, offset=loc.offset), loc.ggml_type, loc.row_dim
@@ -167,7 +174,7 @@ def test_hash_reproduces_llama_cpp(
 @pytest.mark.parametrize("ple_type", PLE_TYPES)
 def test_dequant_reproduces_llama_cpp_get_rows(cache_dir: Path, smollm2_path: Path, ple_type: str) -> None:
     path = tiny_qwen4exp_path(cache_dir, smollm2_path, ple_type=ple_type)
-    spec = PleHashSpec.from_gguf(path)
+    spec = _spec(path)
     loc = locate_tensor(path, "per_layer_token_embd.weight")
     assert loc.ggml_type == ggml_type_id(ple_type)
     table = table_view(

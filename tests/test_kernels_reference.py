@@ -13,21 +13,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from devkit.ple_reference import (
+    KVALUES_IQ4NL,
+    dequantize_rows,
+    gather_dequant,
+    random_table,
+    write_single_tensor_gguf,
+)
+from velo_chat.engine.llama.ple_provider import locate_tensor
 from velo_chat.kernels.dequant import (
     GGML_TYPE_BF16,
     GGML_TYPE_F16,
     GGML_TYPE_F32,
     GGML_TYPE_IQ4_NL,
     GGML_TYPE_Q8_0,
-    KVALUES_IQ4NL,
     SUPPORTED_TYPES,
     check_rows,
-    dequantize_rows,
-    gather_dequant,
-    random_table,
     row_nbytes,
 )
-from velo_chat.kernels.gguf_tensor import locate_tensor, write_single_tensor_gguf
 from velo_chat.kernels.ple_hash import PleHashSpec, ple_rows, ple_rows_from_prev, prev_tokens
 
 M64 = (1 << 64) - 1
@@ -194,12 +197,12 @@ def test_single_tensor_gguf_roundtrip(tmp_path: Path) -> None:
         locate_tensor(path, "nope")
 
 
-def test_kernels_import_without_cupy_or_textual() -> None:
+def test_kernels_import_without_cupy_textual_or_the_engine() -> None:
     code = (
         "import sys\n"
         "import velo_chat.kernels.ple_table, velo_chat.kernels.cuda_kernels\n"
         "import velo_chat.kernels.ple_hash, velo_chat.kernels.gguf_tensor, velo_chat.kernels.cudart\n"
-        "bad = [m for m in ('cupy', 'textual', 'llama_cpp') if m in sys.modules]\n"
+        "bad = [m for m in ('cupy', 'textual', 'llama_cpp', 'velo_chat.engine') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

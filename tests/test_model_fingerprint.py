@@ -16,7 +16,7 @@ from velo_chat.engine.llama import gguf_file
 from velo_chat.engine.llama.model import LlamaModel
 from velo_chat.engine.config.profile_schema import ModelSettings
 
-from tests.support.gguf_split import copy_with_other_data, split_gguf
+from devkit.gguf_split import copy_with_other_data, split_gguf
 
 
 def fingerprint(path: Path) -> str:

@@ -9,6 +9,7 @@ import dataclasses
 
 from velo_chat.app.widgets.telemetry.panel import LivePanel, speculation_line
 from velo_chat.engine.config.profile_schema import SpeculationSettings
+from velo_chat.engine.events import SpeculationInfo
 from velo_chat.engine.speculation.stepper import mode_if_enabled, speculation_mode
 
 from tests.support.tui_helpers import fake_app
@@ -39,7 +40,7 @@ async def test_the_panel_takes_the_engines_word_at_load(tmp_path) -> None:
         panel = screen.query_one(LivePanel)
         panel.set_speculation(True)  # the profile's switch
         refused = _mode("a hybrid model's recurrence takes its chunked path", enabled=True)
-        panel.model_ready(dataclasses.replace(screen._model_info, speculation=refused), "m")
+        panel.model_ready(dataclasses.replace(screen.model.info, speculation=SpeculationInfo(refused)), "m")
         await pilot.pause()
         assert not panel.speculation_enabled and panel.speculation == "off (needs allow_batch_rounding)"
 
@@ -58,8 +59,8 @@ async def test_the_engines_word_outlasts_the_profile_it_loaded(tmp_path) -> None
         profile = app.profile
         on = dataclasses.replace(profile, speculation=dataclasses.replace(profile.speculation, enabled=True))
         refused = _mode("decode on 2 threads splits one token's attention otherwise", enabled=True)
-        info = dataclasses.replace(screen._model_info, speculation=refused)
-        screen.on_model_ready(ModelReady(info=info, profile=on, load_id=screen._load_id))
+        info = dataclasses.replace(screen.model.info, speculation=SpeculationInfo(refused))
+        screen.on_model_ready(ModelReady(info=info, profile=on, load_id=screen.model.load_id))
         await pilot.pause()
         assert not panel.speculation_enabled and panel.speculation == "off (needs allow_batch_rounding)"
         panel.set_speculation(False)  # switched off in the settings: off at the next turn
@@ -70,7 +71,7 @@ async def test_the_engines_word_outlasts_the_profile_it_loaded(tmp_path) -> None
 
 async def test_switched_on_after_load_the_panel_says_what_the_engine_would_do(tmp_path) -> None:
     """Loaded with speculation off, then switched on in the settings (no reload): the engine
-    drafts only where the loaded context allows it (`Engine.speculation_if_enabled`), and the
+    drafts only where the loaded context allows it (`Diagnostics.speculation_if_enabled`), and the
     panel says that, not "on". Seen in a real terminal: `default` (decode on 2 threads) loaded,
     `cpu-speculate` activated, the panel said "on · nothing drafted" while the engine refused."""
     app, _factory = fake_app(tmp_path)
@@ -90,9 +91,7 @@ async def test_switched_on_after_load_the_panel_says_what_the_engine_would_do(tm
             (_mode("", enabled=True), True, "on (exact)"),
         )
         for if_enabled, drafts, line in cases:
-            info = dataclasses.replace(
-                screen._model_info, speculation="off", speculation_if_enabled=if_enabled
-            )
+            info = dataclasses.replace(screen.model.info, speculation=SpeculationInfo("off", if_enabled))
             panel.model_ready(info, "m")
             assert panel.speculation == "off"
             panel.set_speculation(True)

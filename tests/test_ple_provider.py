@@ -33,7 +33,7 @@ from velo_chat.engine.llama.model import LlamaModel
 ll = pytest.importorskip("llama_cpp.llama_cpp")
 
 try:  # the generator needs the gguf package, which the GPU machine lacks (it has prebuilt models)
-    from tests.support.tiny_qwen4exp import PLE_TYPES
+    from devkit.tiny_qwen4exp import PLE_TYPES
 except ImportError:
     PLE_TYPES = ("f32", "f16", "bf16", "q8_0", "iq4_nl")
 
@@ -134,10 +134,11 @@ def test_engine_reports_the_ple_mode(qwen_path: Path, smollm2_path: Path) -> Non
             info = engine.load()
         finally:
             engine.close()
-        assert info.ple_gather == "stock"
-        assert info.ple_reason == (reason or "no layers on the GPU (n_gpu_layers = 0)")
-        assert info.ple_table == (reason is None)
-        assert info.graph_splits == 1  # everything on the CPU: one backend, one split
+        assert info.ple is not None and info.local is not None
+        assert info.ple.gather == "stock"
+        assert info.ple.reason == (reason or "no layers on the GPU (n_gpu_layers = 0)")
+        assert info.ple.table == (reason is None)
+        assert info.local.graph_splits == 1  # everything on the CPU: one backend, one split
 
 
 # -- CUDA build with CuPy -----------------------------------------------------------------------
@@ -162,7 +163,7 @@ def ple_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     prebuilt = os.environ.get("VELO_TEST_PLE_MODELS")
     if prebuilt:
         return {t: Path(prebuilt) / f"tiny-qwen4exp-{t}.gguf" for t in PLE_TYPES}
-    from tests.support.tiny_qwen4exp import tiny_qwen4exp_path
+    from devkit.tiny_qwen4exp import tiny_qwen4exp_path
 
     smollm2 = request.getfixturevalue("smollm2_path")
     cache = tmp_path_factory.mktemp("tiny-ple-types")

@@ -12,6 +12,7 @@ import pytest
 
 from velo_chat.app.ple_watch import PleWatch
 from velo_chat.app.widgets.telemetry.panel import LivePanel
+from velo_chat.engine.events import ModelLoaded, PleInfo
 from velo_chat.engine.fit import residency
 
 from tests.support.tui_helpers import fake_app
@@ -50,8 +51,8 @@ async def test_the_panel_shows_the_residency_and_warns_when_it_dropped(tmp_path,
         screen = await ready(pilot)
         assert "PLE" not in _memory_line(screen)  # the fake model has no table
         _evict(qwen_path)
-        screen._model_info = dataclasses.replace(screen._model_info, path=str(qwen_path))
-        screen._watch_ple(screen._model_info)
+        screen.model.info = dataclasses.replace(screen.model.info, path=str(qwen_path))
+        screen.model.ple.watch(screen.model.info)
         await until(pilot, lambda: "PLE cache" in _memory_line(screen))
         assert "PLE cache 0%" in _memory_line(screen) and "velo-chat doctor --warm-ple" in _memory_line(
             screen
@@ -60,6 +61,13 @@ async def test_the_panel_shows_the_residency_and_warns_when_it_dropped(tmp_path,
         screen.query_one(LivePanel).ple_residency(PleWatch(qwen_path).fraction())
         await pilot.pause()
         assert _memory_line(screen).endswith("\nPLE cache 100%")
+
+
+def with_ple(info: ModelLoaded, gather: str, *, splits: int, table: bool = True) -> ModelLoaded:
+    """The fake model's `ModelLoaded` with a PLE path and the decode graph's splits."""
+    assert info.local is not None
+    local = dataclasses.replace(info.local, graph_splits=splits)
+    return dataclasses.replace(info, local=local, ple=PleInfo(gather, "", table))
 
 
 async def test_the_panel_says_the_ple_path_and_the_decode_graphs_splits(tmp_path):
@@ -76,13 +84,13 @@ async def test_the_panel_says_the_ple_path_and_the_decode_graphs_splits(tmp_path
             return str(panel.query_one("#panel-model", Static).content)
 
         assert "PLE" not in model_block()  # the fake model has no PLE table
-        info = screen._model_info
-        panel.model_ready(dataclasses.replace(info, ple_table=True, ple_gather="gpu", graph_splits=1), "m")
+        info = screen.model.info
+        panel.model_ready(with_ple(info, "gpu", splits=1), "m")
         await pilot.pause()
         assert model_block().endswith("\nPLE gpu · 1 split")
-        panel.model_ready(dataclasses.replace(info, ple_table=True, ple_gather="stock", graph_splits=2), "m")
+        panel.model_ready(with_ple(info, "stock", splits=2), "m")
         await pilot.pause()
         assert model_block().endswith("\nPLE stock · 2 splits")
-        panel.model_ready(dataclasses.replace(info, ple_table=False, graph_splits=1), "m")
+        panel.model_ready(with_ple(info, "stock", splits=1, table=False), "m")
         await pilot.pause()
         assert "PLE" not in model_block()

@@ -307,8 +307,8 @@ def test_what_llama_server_reports_becomes_the_turns_stats(faults, isolated_home
     stats = events[-1].stats
     assert (stats.prompt_tokens, stats.cached_tokens, stats.prefill_tokens) == (17, 12, 5)
     assert (stats.prefill_tok_s, stats.decode_tok_s, stats.decode_tokens) == (1250.0, 100.0, 6)
-    assert stats.checkpoint["source"] == "server" and stats.backend == "remote"
-    assert stats.server["draft_n"] == 4 and stats.server["draft_n_accepted"] == 3
+    assert stats.source == "server" and stats.backend == "remote"
+    assert stats.server.draft_n == 4 and stats.server.draft_n_accepted == 3
     out = ask_json(remote_profile("lcpp", faults.url("llamacpp"), model=MODEL), "Hello")
     assert out["stats"]["cached_tokens"] == 12 and out["stats"]["server"]["cache_n"] == 12
 

@@ -18,6 +18,7 @@ import pytest
 from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TurnDone, TurnStarted
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import test_profile
 
@@ -61,15 +62,15 @@ def test_follow_up_from_live_ram_and_disk_matches_cold(model_path, tmp_path):
         first = run(engine, Q1)
         convo = follow_up(first.text)
         live = run(engine, convo)
-        engine.reset()  # the live context is gone; RAM still holds the reply-end state
+        diagnostics(engine).reset()  # the live context is gone; RAM still holds the reply-end state
         ram = run(engine, convo)
     with Engine(profile_for(model_path), checkpoint_root=root) as fresh:  # a "restart"
         fresh.load()
         disk = run(fresh, convo)
     reference = cold(model_path, convo)
-    assert live.stats.checkpoint["source"] == "live"
-    assert ram.stats.checkpoint["source"] == "ram"
-    assert disk.stats.checkpoint["source"] == "disk"
+    assert live.stats.source == "live"
+    assert ram.stats.source == "ram"
+    assert disk.stats.source == "disk"
     for done in (live, ram, disk):
         assert done.stats.cached_tokens >= first.stats.prompt_tokens + first.stats.decode_tokens - 1
         assert done.text == reference
@@ -94,7 +95,7 @@ def test_regenerate_and_edit_last_message_reuse_the_boundary(model_path, tmp_pat
     with Engine(profile_for(model_path), checkpoint_root=root) as fresh:
         fresh.load()
         regen_disk = run(fresh, convo)
-        assert regen_disk.stats.checkpoint["source"] == "disk"
+        assert regen_disk.stats.source == "disk"
         assert regen_disk.stats.cached_tokens == regen_disk.stats.prompt_tokens - 1
     assert regen.text == regen_disk.text == cold(model_path, convo)
     assert edit.text == cold(model_path, edited)
@@ -117,10 +118,10 @@ def test_fork_shares_checkpoints(model_path, tmp_path):
         first = run(engine, Q1)
         reply = store.add_message(parent.id, "assistant", first.text)
         fork = store.fork(parent.id, reply.id)
-        engine.reset()
+        diagnostics(engine).reset()
         convo = engine_messages("", store.messages(fork.id)) + [ChatMessage("user", "And three more?")]
         forked = run(engine, convo)
-    assert forked.stats.checkpoint["source"] == "ram"
+    assert forked.stats.source == "ram"
     assert forked.stats.cached_tokens >= first.stats.prompt_tokens
     assert forked.text == cold(model_path, convo)
 
@@ -145,7 +146,7 @@ def test_hybrid_model_never_truncates_its_live_state(qwen_path, tmp_path):
         edited = [ChatMessage("user", "List three prime numbers, briefly.")]
         done = run(engine, edited)
         # Only the exact prefix the checkpoints saw can be reused: not the live context.
-        assert done.stats.checkpoint["source"] in ("ram", "none")
+        assert done.stats.source in ("ram", "none")
         assert done.text == cold(qwen_path, edited)
 
 
@@ -157,14 +158,14 @@ def test_short_prefills_save_no_state_before_the_reply(qwen_path, tmp_path):
     profile = test_profile(qwen_path, checkpoints={"min_prefill_tokens": 10_000})
     with Engine(profile, checkpoint_root=tmp_path / "ckpt") as engine:
         engine.load()
-        first = engine.complete(Q1, max_tokens=N)
-        assert [s["tokens"] for s in first.stats.checkpoint["saved"]] == [len(list(engine._live.tokens))]
+        first = diagnostics(engine).complete(Q1, max_tokens=N)
+        assert [s.tokens for s in first.stats.checkpoint.saved] == [len(list(engine._live.tokens))]
         convo = follow_up(first.text)
-        engine.complete(convo, max_tokens=N)
-        engine.reset()
-        regen = engine.complete(convo, max_tokens=N)
-    assert regen.stats.checkpoint["source"] == "ram"
-    assert regen.stats.cached_tokens == first.stats.checkpoint["saved"][0]["tokens"]
+        diagnostics(engine).complete(convo, max_tokens=N)
+        diagnostics(engine).reset()
+        regen = diagnostics(engine).complete(convo, max_tokens=N)
+    assert regen.stats.source == "ram"
+    assert regen.stats.cached_tokens == first.stats.checkpoint.saved[0].tokens
 
 
 def test_preview_matches_the_turn(model_path, tmp_path):
@@ -198,11 +199,11 @@ def test_interval_checkpoints_let_an_edited_early_message_reuse_most_of_it(qwen_
         prompt_tokens = events[0].prompt_tokens
         assert saved[:-2] == list(range(64, prompt_tokens - 1, 64))
         assert saved[-2] == prompt_tokens - 1
-        engine.reset()
-        done = engine.complete(edited, max_tokens=4)
+        diagnostics(engine).reset()
+        done = diagnostics(engine).complete(edited, max_tokens=4)
     before, after = _tokens(qwen_path, original), _tokens(qwen_path, edited)
     shared = next(i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b)
-    assert done.stats.checkpoint["source"] == "ram"
+    assert done.stats.source == "ram"
     assert done.stats.cached_tokens == shared // 64 * 64
     assert done.stats.cached_tokens > len(before) * 0.7
 
@@ -210,4 +211,4 @@ def test_interval_checkpoints_let_an_edited_early_message_reuse_most_of_it(qwen_
 def _tokens(path: Path, messages: list[ChatMessage]) -> list[int]:
     with Engine(profile_for(path, enabled=False)) as engine:
         engine.load()
-        return engine.tokens_for(messages)
+        return diagnostics(engine).tokens_for(messages)

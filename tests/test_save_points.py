@@ -17,9 +17,10 @@ from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import CheckpointSaved, TokenDelta, TurnDone
 from velo_chat.engine.checkpoints.save_points import stable_prefix
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import test_profile
-from tests.support.gguf_template import with_chat_template
+from devkit.gguf_template import with_chat_template
 from tests.support.llama_templates import read_template, templates_dir
 
 N = 12
@@ -67,8 +68,8 @@ def test_the_prefill_saves_where_every_follow_up_agrees(qwen35, tmp_path):
     root = tmp_path / "ckpt"
     with Engine(profile(qwen35), checkpoint_root=root) as engine:
         engine.load()
-        prompt = engine.tokens_for(QUESTION)
-        stable = stable_prefix(engine.tokens_for, QUESTION, prompt)
+        prompt = diagnostics(engine).tokens_for(QUESTION)
+        stable = stable_prefix(diagnostics(engine).tokens_for, QUESTION, prompt)
         tail = "".join(engine._model.token_text(t) for t in prompt[stable:])
         assert tail == "<think>\n"  # only the generation prompt's opening falls outside
         events, first, done = run(engine, QUESTION)
@@ -77,15 +78,15 @@ def test_the_prefill_saves_where_every_follow_up_agrees(qwen35, tmp_path):
         # then the follow-up boundary rebuilt from it
         assert saved == [stable, saved[-1]] and saved[-1] > stable
         # a regenerate restores the stable point and prefills the generation prompt
-        engine.reset()
+        diagnostics(engine).reset()
         _, again, regen = run(engine, QUESTION)
         assert regen.stats.cached_tokens == stable and again == first
-        assert engine.flush_checkpoints(60)
+        assert diagnostics(engine).flush_checkpoints(60)
     follow = [*QUESTION, ChatMessage("assistant", done.text), ChatMessage("user", "Say it in five words.")]
     with Engine(profile(qwen35), checkpoint_root=root) as fresh:  # a restart
         fresh.load()
         _, tokens, after = run(fresh, follow)
-    assert after.stats.checkpoint["source"] == "disk"
+    assert after.stats.source == "disk"
     assert after.stats.cached_tokens == saved[-1]
     assert after.stats.prompt_tokens - after.stats.cached_tokens < 20
     assert tokens == cold(qwen35, follow)

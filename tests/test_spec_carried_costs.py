@@ -29,6 +29,7 @@ from velo_chat.engine.speculation import cost as spec_cost, stepper as speculati
 from velo_chat.engine import turn_runner
 from velo_chat.engine.speculation.cost import CostModel, best_draft_length
 from velo_chat.engine.speculation.stepper import SpecStepper
+from velo_chat.engine.diagnostics import diagnostics
 
 UNIT = 0.001  # a one-token step's seconds
 
@@ -138,17 +139,17 @@ def test_a_copy_is_drafted_again_after_costs_timed_too_high(
         oracle = oracle_session(spec, PROSE, a[0])
         kept = _carried_too_high(monkeypatch, oracle, explore=1 << 20)  # never explore
         never = run_turn(spec, PROSE, max_tokens=100, ignore_eos=True)[1].stats
-        assert never.spec_rounds == 0 and never.spec_declined > 60
+        assert never.speculation.rounds == 0 and never.speculation.declined > 60
         assert kept[-1].rebuild == pytest.approx(spec_cost.MAX_REBUILD_SAMPLE) and kept[-1].carried
-        spec.reset()
+        diagnostics(spec).reset()
         kept = _carried_too_high(monkeypatch, oracle, explore=12)
         b = run_turn(spec, PROSE, max_tokens=100, ignore_eos=True)
         st = b[1].stats
         if not same_reply(plain, PROSE, a[0], b[0], tolerance(spec, PROSE)):
             return  # on a GPU: diverged at a near-tie (asserted); the oracle is wrong after it
-        assert st.spec_declined >= 12  # declined until the run of 12, then tried
+        assert st.speculation.declined >= 12  # declined until the run of 12, then tried
         assert kept[-1].rebuild < 0.5  # timed again: a plain step after a verify costs a step
-        assert st.spec_rounds >= 10 and st.spec_declined < 40
+        assert st.speculation.rounds >= 10 and st.speculation.declined < 40
     finally:
         plain.close()
         spec.close()

@@ -11,6 +11,7 @@ import pytest
 from tests.support.spec_helpers import PROSE
 from tests.support.spec_helpers import on_gpu as _on_gpu
 from tests.support.spec_helpers import spec_engine as _engine
+from velo_chat.engine.diagnostics import diagnostics
 
 
 def test_speculation_if_enabled_says_what_a_profile_that_enables_it_gets(
@@ -25,25 +26,30 @@ def test_speculation_if_enabled_says_what_a_profile_that_enables_it_gets(
         with _engine(
             smollm2_path, tmp_path / str(threads), spec=False, context=context, speculation=strict
         ) as e:
-            assert e.speculation == "off"
+            assert diagnostics(e).speculation == "off"
             if _on_gpu(e):
                 pytest.skip("the CPU's guarantee; every layer is on the GPU here")
-            assert e.speculation_if_enabled.startswith(expected)
-            assert threads == 1 or "decode on 2 threads" in e.speculation_if_enabled
+            assert diagnostics(e).speculation_if_enabled.startswith(expected)
+            assert threads == 1 or "decode on 2 threads" in diagnostics(e).speculation_if_enabled
         with _engine(
             smollm2_path, tmp_path / f"{threads}on", spec=True, context=context, speculation=strict
         ) as e:
-            assert e.speculation == e.speculation_if_enabled
+            assert diagnostics(e).speculation == diagnostics(e).speculation_if_enabled
 
 
 def test_speculation_if_enabled_on_a_hybrid_model_needs_a_reload(qwen_path: Path, tmp_path: Path) -> None:
     """A hybrid model's context made without speculation keeps no recurrent-state snapshots:
     enabling speculation there takes a reload, and `speculation_if_enabled` says so."""
     with _engine(qwen_path, tmp_path / "a", spec=False) as e:
-        assert e.speculation == "off"
-        assert e.speculation_if_enabled.startswith("off: this hybrid model's context was made without")
+        assert diagnostics(e).speculation == "off"
+        assert diagnostics(e).speculation_if_enabled.startswith(
+            "off: this hybrid model's context was made without"
+        )
     with _engine(qwen_path, tmp_path / "b", spec=True) as e:
-        assert e.speculation.startswith("on:") and e.speculation == e.speculation_if_enabled
+        assert (
+            diagnostics(e).speculation.startswith("on:")
+            and diagnostics(e).speculation == diagnostics(e).speculation_if_enabled
+        )
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +77,15 @@ def test_k_quant_weights_are_not_promised_bit_identical(
     with _engine(smollm2_q4_k_path, tmp_path / "k", spec=True, speculation=strict) as e:
         if _on_gpu(e):
             pytest.skip("the CPU's guarantee; every layer is on the GPU here")
-        assert e.speculation.startswith("off: a verify batch would round")
-        assert "Q4_K, Q6_K weights" in e.speculation and "velo-chat requantize" in e.speculation
-        d = e.verify_logit_differences(PROSE, 12, (1, 2, 4, 8, 16))
+        assert diagnostics(e).speculation.startswith("off: a verify batch would round")
+        assert (
+            "Q4_K, Q6_K weights" in diagnostics(e).speculation
+            and "velo-chat requantize" in diagnostics(e).speculation
+        )
+        d = diagnostics(e).verify_logit_differences(PROSE, 12, (1, 2, 4, 8, 16))
         assert max(d["max_abs_diff"].values()) > 0.1  # the measured reason for the rule
     with _engine(smollm2_q8_path, tmp_path / "q8", spec=True, speculation=strict) as e:
-        assert e.speculation == "on: bit-identical to plain decoding"
+        assert diagnostics(e).speculation == "on: bit-identical to plain decoding"
 
 
 def test_batch_weight_types(smollm2_path: Path) -> None:
@@ -105,7 +114,7 @@ def test_batch_weight_types(smollm2_path: Path) -> None:
 def test_batch_weight_types_read_every_shard(smollm2_path: Path, tmp_path: Path) -> None:
     """A split model's first shard may hold only the token embeddings: the layers' Q4_1 weights
     are in the other shards, and the engine's guarantee must see them."""
-    from tests.support.gguf_split import split_gguf
+    from devkit.gguf_split import split_gguf
     from velo_chat.engine.llama.gguf_file import read_header, shard_headers
     from velo_chat.engine.speculation.stepper import batch_weight_types
 

@@ -61,26 +61,30 @@ def test_guard_stops_drafts_that_lose_time(
         st = b[1].stats
         if not same_reply(plain, PROSE, a[0][:80], b[0], tol):
             return  # on a GPU: diverged at a near-tie (asserted); the oracle is wrong after it
-        assert st.spec_rounds > 0 and st.spec_acceptance > 0.6  # the oracle is right (the reply's
+        assert (
+            st.speculation.rounds > 0 and st.speculation.acceptance > 0.6
+        )  # the oracle is right (the reply's
         # own repeats, found later than the oracle's, are not always)
         if verify == 1.0:  # verify batches pay: drafting never stops
-            assert st.spec_guarded == 0 and st.spec_declined == 0
+            assert st.speculation.guarded == 0 and st.speculation.declined == 0
             assert st.tokens_per_call > 4
         else:  # each batch of at most 9 tokens loses over 20 steps: stopped after every one but
             # the first of each size (not timed: it builds what the backend keeps for the
             # shape), restarted after a run of right drafts not taken, longer after each stop (a
             # batch restarted with a wrong draft leaves the stop as it is)
-            assert 3 <= st.spec_guarded <= st.spec_rounds - len(st.spec_batches)
+            assert 3 <= st.speculation.guarded <= st.speculation.rounds - len(st.speculation.batches)
             need = sum(
                 min(speculation.GUARD_STREAK * 2**i, speculation.MAX_GUARD_STREAK)
-                for i in range(st.spec_guarded - 1)
+                for i in range(st.speculation.guarded - 1)
             )
-            assert st.spec_declined >= need
+            assert st.speculation.declined >= need
             assert st.tokens_per_call < 2
             # the turn reports each timed size at the clock's 30 steps (the one-token step,
             # priced at one unit before the cost model was set aside, is the yardstick)
-            assert st.spec_batch_steps and all(v == pytest.approx(30.0) for v in st.spec_batch_steps.values())
-            assert st.spec_after_verify_steps == pytest.approx(1.0)  # stopped: plain steps follow
+            assert st.speculation.batch_steps and all(
+                v == pytest.approx(30.0) for v in st.speculation.batch_steps.values()
+            )
+            assert st.speculation.after_verify_steps == pytest.approx(1.0)  # stopped: plain steps follow
     finally:
         plain.close()
         spec.close()
@@ -102,20 +106,20 @@ def test_first_batch_of_a_size_is_not_timed(smollm2_path: Path, tmp_path: Path, 
         st = b[1].stats
         if not same_reply(plain, PROSE, a[0][:80], b[0], tolerance(spec, PROSE)):
             return  # on a GPU: diverged at a near-tie (asserted)
-        assert st.spec_guarded == 0
+        assert st.speculation.guarded == 0
         # (2.9 tokens a call: 80 tokens leave little room to learn each match bucket's
         # continuation from verify batches, which the longest drafts wait for)
-        assert st.spec_rounds >= 5 and st.tokens_per_call > 2.5
+        assert st.speculation.rounds >= 5 and st.tokens_per_call > 2.5
         # what the turn reports its batches cost, on the virtual clock: a step each, the first
         # of each size (200 steps) left out
-        assert st.spec_batch_steps and set(st.spec_batch_steps) <= set(st.spec_batches)
-        assert all(v == pytest.approx(1.0) for v in st.spec_batch_steps.values())
-        timed = sum(st.spec_batches.values()) - len(st.spec_batches)
+        assert st.speculation.batch_steps and set(st.speculation.batch_steps) <= set(st.speculation.batches)
+        assert all(v == pytest.approx(1.0) for v in st.speculation.batch_steps.values())
+        timed = sum(st.speculation.batches.values()) - len(st.speculation.batches)
         assert timed > 0
         # (0.0 where every verify of the turn followed another: no plain step after one)
-        assert st.spec_after_verify_steps in (0.0, pytest.approx(1.0))
+        assert st.speculation.after_verify_steps in (0.0, pytest.approx(1.0))
         assert b[1].stats.to_json()["speculation"]["batch_steps"] == {
-            str(n): 1.0 for n in st.spec_batch_steps
+            str(n): 1.0 for n in st.speculation.batch_steps
         }
     finally:
         plain.close()

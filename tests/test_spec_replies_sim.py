@@ -1,22 +1,19 @@
-"""`benchmarks/spec_replies_sim.py`: the shipped stepper over a recorded reply, on a virtual
-clock charged from a cost table. Its bookkeeping is checked on token streams whose answer is
-known (the recording itself is `Engine.turn`, tested elsewhere)."""
+"""The shipped stepper over a recorded reply, on a virtual clock charged from a cost table
+(`devkit/spec_sim.py`, which `benchmarks/spec_replies_sim.py` runs). Its bookkeeping is checked
+on token streams whose answer is known (the recording itself is `Engine.turn`, tested
+elsewhere); the script itself runs as a command on saved replies."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from devkit import spec_sim as sim
 from velo_chat.engine.config.profile_schema import SpeculationSettings
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "spec_replies_sim.py"
-_spec = importlib.util.spec_from_file_location("spec_replies_sim", _PATH)
-assert _spec is not None and _spec.loader is not None
-sim = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sim)
 
 SETTINGS = SpeculationSettings(enabled=True)
 PROMPT = list(range(100, 160))
@@ -68,7 +65,7 @@ def test_the_live_stand_in_answers_from_the_reply() -> None:
     assert live.sample(None) == 8 and len(live) == 4 and live.now == 1.0
     live.verify([8, 9, 99])  # the pending 8 and a draft: 9 right, 99 wrong
     assert [live.pick(None, 0), live.pick(None, 1)] == [9, 10]
-    assert live.verified_sizes == {3} and live.now == 1.0 + sim._steps(sim.H200_SMOLLM2[1], 3)
+    assert live.verified_sizes == {3} and live.now == 1.0 + sim.call_steps(sim.H200_SMOLLM2[1], 3)
     live.rollback(1)
     assert len(live) == 6
 

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_built_in_prompt_is_unchanged() -> None:
-    """Earlier measurements (docs/speculation.md) ran this exact prompt."""
+    """Earlier measurements (docs/results/speculation.md) ran this exact prompt."""
     source = inspect.getsource(colorsys)
     assert workloads()["copy-edit"][0].content == (
         "Here is colorsys.py:\n\n```python\n" + source + "```\n\nRename the function `_v` to "

@@ -19,6 +19,7 @@ from tests.support.spec_helpers import PROSE, spec_engine
 from velo_chat.engine.speculation import cost as spec_cost
 from velo_chat.engine.live_sequence import KV_WINDOW
 from velo_chat.engine.speculation.cost import CostModel
+from velo_chat.engine.diagnostics import diagnostics
 
 
 def test_graph_stale_is_when_llama_cpp_cannot_reuse_its_graph(smollm2_path: Path, tmp_path: Path) -> None:
@@ -28,7 +29,7 @@ def test_graph_stale_is_when_llama_cpp_cannot_reuse_its_graph(smollm2_path: Path
     engine = spec_engine(smollm2_path, tmp_path, spec=True, context={"n_ctx": 1024})
     try:
         _model, _ctx, live = engine._require()
-        prompt = engine.tokens_for(PROSE, engine.template_variables())
+        prompt = diagnostics(engine).tokens_for(PROSE, diagnostics(engine).template_variables())
         filler = (prompt * (KV_WINDOW // len(prompt) + 2))[: KV_WINDOW - 12]
         live.extend(filler)
         seen = []

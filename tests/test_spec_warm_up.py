@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.spec_helpers import PROSE, run_turn, spec_engine
+from velo_chat.engine.diagnostics import diagnostics
 
 
 def test_warm_up_leaves_the_hybrid_model_as_new(qwen_path: Path, tmp_path: Path) -> None:
@@ -40,7 +41,7 @@ def test_warm_up_needs_an_empty_context(smollm2_path: Path, tmp_path: Path) -> N
         # every verify size it built counts as verified: a turn times its first batch of each
         # (on a GPU the load's own warm-up made some of them already)
         assert live.verified_sizes == set(range(2, live.max_draft + 2))
-        live.extend(engine.tokens_for(PROSE)[:8])
+        live.extend(diagnostics(engine).tokens_for(PROSE)[:8])
         with pytest.raises(RuntimeError, match="empty context"):
             live.warm_up(2)
         assert len(live) == 8

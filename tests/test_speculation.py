@@ -47,6 +47,7 @@ from velo_chat.engine.speculation.cost import CostModel
 from velo_chat.engine.speculation.draft import NgramIndex
 from velo_chat.engine.llama.context import DecodeError
 from velo_chat.engine.speculation.stepper import SpecStepper
+from velo_chat.engine.diagnostics import diagnostics
 
 
 @pytest.fixture
@@ -72,15 +73,17 @@ def test_hybrid_model_drafts_only_when_rounding_is_allowed(qwen_path: Path, tmp_
     strict = _engine(qwen_path, tmp_path / "a", spec=True, speculation={"allow_batch_rounding": False})
     loose = _engine(qwen_path, tmp_path / "b", spec=True)
     try:
-        assert strict.speculation.startswith("off: a verify batch would round differently")
+        assert diagnostics(strict).speculation.startswith("off: a verify batch would round differently")
         assert strict._require()[1].n_rs_seq == 0
         a = _run(strict, PROSE, max_tokens=24, ignore_eos=True)
         forced(_oracle(loose, PROSE, a[0]))
         b = _run(loose, PROSE, max_tokens=24, ignore_eos=True)
-        assert a[1].stats.spec_rounds == 0 and a[1].stats.spec_exactness == ""
+        assert a[1].stats.speculation.rounds == 0 and a[1].stats.speculation.exactness == ""
         assert a[1].stats.to_json()["speculation"]["exactness"] == ""
-        assert loose.speculation.startswith("on: plain decoding up to the batch rounding")
-        assert b[1].stats.spec_rounds > 0 and b[1].stats.spec_exactness.startswith("batch rounding: ")
+        assert diagnostics(loose).speculation.startswith("on: plain decoding up to the batch rounding")
+        assert b[1].stats.speculation.rounds > 0 and b[1].stats.speculation.exactness.startswith(
+            "batch rounding: "
+        )
         _same_reply(strict, PROSE, a[0], b[0], _tolerance(loose, PROSE))
     finally:
         strict.close()
@@ -126,11 +129,11 @@ def test_padded_verify_batches(request, tmp_path: Path, monkeypatch: pytest.Monk
         tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
         st = b[1].stats
-        assert st.spec_rounds > 2 and 0 < st.spec_accepted <= st.spec_drafted
+        assert st.speculation.rounds > 2 and 0 < st.speculation.accepted <= st.speculation.drafted
         assert padded[0] > 0
         if _same_reply(plain, PROSE, a[0], b[0], tol):
             # every draft is the plain reply's next tokens: all accepted, and the pads not counted
-            assert b[2] == a[2] and st.spec_accepted == st.spec_drafted
+            assert b[2] == a[2] and st.speculation.accepted == st.speculation.drafted
     finally:
         plain.close()
         spec.close()
@@ -156,15 +159,15 @@ def test_smollm2_greedy_identical(tmp_path: Path, request, messages, model: str)
         a = _run(plain, messages, max_tokens=96)
         b = _run(spec, messages, max_tokens=96)
         st = b[1].stats
-        exactness = st.spec_exactness
+        exactness = st.speculation.exactness
         assert exactness.startswith("batch rounding: ") if tol else exactness == "bit-identical"
         if not _same_reply(plain, messages, a[0], b[0], tol):
             return  # on a GPU: diverged at a near-tie (asserted), the rest is another reply
         assert b[1].text == a[1].text and b[2] == a[2]
         assert b[1].stats.finish_reason == a[1].stats.finish_reason
         if messages is COPY:  # the copy is drafted and mostly accepted
-            assert st.spec_rounds > 0 and st.spec_acceptance > 0.5 and st.tokens_per_call > 1.2
-        assert st.to_json()["speculation"]["drafted"] == st.spec_drafted
+            assert st.speculation.rounds > 0 and st.speculation.acceptance > 0.5 and st.tokens_per_call > 1.2
+        assert st.to_json()["speculation"]["drafted"] == st.speculation.drafted
         # the follow-up turn starts from the same context and gives the same reply
         follow = [*messages, ChatMessage("assistant", a[1].text), ChatMessage("user", "Thanks. Again?")]
         _follow_up(plain, spec, follow, 24, tol)
@@ -187,7 +190,7 @@ def test_smollm2_draft_with_end_of_generation(smollm2_path: Path, tmp_path: Path
         b = _run(spec, SHORT, max_tokens=200)
         if _same_reply(plain, SHORT, a[0], b[0], tol):
             assert b[1].stats.finish_reason == "stop" and b[2] == a[2]
-            assert b[1].stats.spec_accepted > len(a[0]) // 2
+            assert b[1].stats.speculation.accepted > len(a[0]) // 2
     finally:
         plain.close()
         spec.close()
@@ -203,7 +206,7 @@ def test_smollm2_draft_runs_to_the_end_of_the_context(smollm2_path: Path, tmp_pa
         forced(_oracle(spec, PROSE, [*a[0], *a[0]]))
         tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=400, ignore_eos=True)
-        assert b[1].stats.finish_reason == "context" and b[1].stats.spec_rounds > 0
+        assert b[1].stats.finish_reason == "context" and b[1].stats.speculation.rounds > 0
         if _same_reply(plain, PROSE, a[0], b[0], tol):
             assert b[2] == a[2]
     finally:
@@ -220,16 +223,16 @@ def test_cancel_in_the_middle_of_a_verify_batch(request, tmp_path: Path, forced,
     spec = _engine(path, tmp_path / "b", spec=True)
     try:
         full = _run(plain, PROSE, max_tokens=24, ignore_eos=True)
-        plain.reset()
+        diagnostics(plain).reset()
         a = _run(plain, PROSE, max_tokens=24, ignore_eos=True, cancel_after=5)
         forced(_oracle(spec, PROSE, full[0]))
         tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=24, ignore_eos=True, cancel_after=5)
         assert b[1].stats.finish_reason == a[1].stats.finish_reason == "cancelled"
-        assert a[0] == full[0][:5] and len(b[0]) == 5 and b[1].stats.spec_rounds == 1
+        assert a[0] == full[0][:5] and len(b[0]) == 5 and b[1].stats.speculation.rounds == 1
         if _same_reply(plain, PROSE, a[0], b[0], tol):
             assert b[2] == a[2]
-            assert b[1].stats.spec_accepted == 8  # one batch: 1 + 8 tokens
+            assert b[1].stats.speculation.accepted == 8  # one batch: 1 + 8 tokens
         follow = [*PROSE, ChatMessage("assistant", a[1].text), ChatMessage("user", "More.")]
         forced([])
         _follow_up(plain, spec, follow, 16, tol)
@@ -261,15 +264,15 @@ def test_qwen_greedy_identical(qwen_path: Path, tmp_path: Path, forced, kind: st
         assert b[2] == a[2]
         st = b[1].stats
         if kind == "zero":
-            assert st.spec_drafted == 0
+            assert st.speculation.drafted == 0
         else:
-            assert st.spec_rounds > 0 and st.spec_accepted > 0
+            assert st.speculation.rounds > 0 and st.speculation.accepted > 0
         if kind == "high":
-            assert st.spec_acceptance > 0.9
+            assert st.speculation.acceptance > 0.9
         else:  # plain steps between or after the batches
-            assert st.decode_calls > st.spec_rounds
+            assert st.speculation.decode_calls > st.speculation.rounds
         if kind == "low":
-            assert st.spec_accepted < st.spec_drafted
+            assert st.speculation.accepted < st.speculation.drafted
         # the next turn (from the follow-up boundary) agrees too
         forced([])
         follow = [*PROSE, ChatMessage("assistant", a[1].text), ChatMessage("user", "More.")]
@@ -293,7 +296,7 @@ def test_qwen_rollback_is_exact(qwen_path: Path, tmp_path: Path) -> None:
         _model2, ctx2, live2 = other._require()
         assert ctx.n_rs_seq == 8 and live.max_draft == 8
         tol = _tolerance(engine, PROSE)
-        prompt = engine.tokens_for(PROSE, engine.template_variables())
+        prompt = diagnostics(engine).tokens_for(PROSE, diagnostics(engine).template_variables())
         pending, chain = prompt[-1], prompt[3:12]  # any tokens will do as "accepted" ones
         for accepted in (0, 2, 5):
             draft = [*chain[:accepted], 7, 8, 9]
@@ -332,7 +335,7 @@ def test_checkpoints_from_another_state_layout_are_not_restored(qwen_path: Path,
     plain = _engine(qwen_path, root, spec=False)
     layout = state_layout(plain._require()[1])
     _run(plain, PROSE, max_tokens=8)
-    plain.flush_checkpoints()
+    diagnostics(plain).flush_checkpoints()
     plain.close()
     spec = _engine(qwen_path, root, spec=True)
     try:
@@ -361,10 +364,10 @@ def test_seeded_sampling_gives_the_same_tokens(smollm2_path: Path, tmp_path: Pat
         forced(_oracle(spec, PROSE, _corrupt(a[0], 6)))
         tol = _tolerance(spec, PROSE)
         b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
-        assert 0 < b[1].stats.spec_accepted  # drafts were verified
+        assert 0 < b[1].stats.speculation.accepted  # drafts were verified
         # on a GPU a rounded probability may move a draw: the token is still one the chain draws from
         if _same_reply(plain, PROSE, a[0], b[0], tol, top_k=sampling["top_k"]):
-            assert b[2] == a[2] and b[1].stats.spec_accepted < b[1].stats.spec_drafted
+            assert b[2] == a[2] and b[1].stats.speculation.accepted < b[1].stats.speculation.drafted
     finally:
         plain.close()
         spec.close()
@@ -381,7 +384,7 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
     (nearly every token) and the speculative run gives the same tokens."""
     with _engine(qwen_path, tmp_path, spec=True, speculation={"batch_cost_prior": 0.0}) as engine:
         tol = _tolerance(engine, PROSE)
-        result = engine.spec_replay(PROSE, 96)
+        result = diagnostics(engine).spec_replay(PROSE, 96)
         c = result.counters
         assert result.tokens == 96 and result.identical == (result.spec == result.plain)
         for times in (result.plain_times, result.spec_times):  # each token's time, in order
@@ -412,12 +415,12 @@ def test_bit_identical_needs_one_decode_thread_and_flash_attention(
     try:
         if _on_gpu(one):
             pytest.skip("the CPU's guarantee; every layer is on the GPU here")
-        assert one.speculation == "on: bit-identical to plain decoding"
+        assert diagnostics(one).speculation == "on: bit-identical to plain decoding"
         novel = workloads()["novel"]  # with decode on 2 threads its reply left the plain one at 226
         a = _run(plain, novel, max_tokens=320, ignore_eos=True)
         forced(_oracle(one, novel, a[0]))
         b = _run(one, novel, max_tokens=320, ignore_eos=True)
-        assert b[0] == a[0] and b[1].stats.spec_accepted > 160
+        assert b[0] == a[0] and b[1].stats.speculation.accepted > 160
     finally:
         plain.close()
         one.close()
@@ -427,7 +430,8 @@ def test_bit_identical_needs_one_decode_thread_and_flash_attention(
     ):
         with _engine(smollm2_path, tmp_path / "c", spec=True, context=context, speculation=strict) as other:
             assert (
-                other.speculation.startswith("off: a verify batch would round") and why in other.speculation
+                diagnostics(other).speculation.startswith("off: a verify batch would round")
+                and why in diagnostics(other).speculation
             )
 
 
@@ -451,15 +455,15 @@ def test_verify_batches_on_the_decode_threads(qwen_path: Path, tmp_path: Path, f
         b = _run(spec, PROSE, max_tokens=40, ignore_eos=True)
         tol = _tolerance(spec, PROSE)
         _same_reply(plain, PROSE, a[0], b[0], tol)
-        assert b[1].stats.spec_rounds > 0
+        assert b[1].stats.speculation.rounds > 0
         live.verify(a[0][:3])
-        assert ll.llama_n_threads_batch(ctx.ctx) == 1 and spec.verify_threads == "decode"
-        live.extend(spec.tokens_for(SHORT)[:8])  # a prefill: back on its own threads
+        assert ll.llama_n_threads_batch(ctx.ctx) == 1 and diagnostics(spec).verify_threads == "decode"
+        live.extend(diagnostics(spec).tokens_for(SHORT)[:8])  # a prefill: back on its own threads
         assert ll.llama_n_threads_batch(ctx.ctx) == 2
-        assert spec.threads_now == (1, 2)
-        costs = spec.verify_batch_costs(PROSE, (1, 2, 3), 1, prefill_threads=True)
+        assert diagnostics(spec).threads_now == (1, 2)
+        costs = diagnostics(spec).verify_batch_costs(PROSE, (1, 2, 3), 1, prefill_threads=True)
         assert set(costs) == {1, 2, 3} and ctx.verify_on_decode_threads  # put back
-        assert set(spec.verify_batch_costs(PROSE, (1, 2, 3), 2, alternate=True)) == {1, 2, 3}
+        assert set(diagnostics(spec).verify_batch_costs(PROSE, (1, 2, 3), 2, alternate=True)) == {1, 2, 3}
         forced(_oracle(spec, PROSE, a[0]))
         _same_reply(plain, PROSE, a[0], _run(spec, PROSE, max_tokens=40, ignore_eos=True)[0], tol)
     finally:
@@ -477,7 +481,7 @@ def test_greedy_pick_is_the_samplers_token(request, tmp_path: Path, model: str) 
     path = request.getfixturevalue(f"{model}_path")
     with _engine(path, tmp_path, spec=True) as engine:
         model_, _ctx, live = engine._require()
-        prompt = engine.tokens_for(PROSE)
+        prompt = diagnostics(engine).tokens_for(PROSE)
         live.extend(prompt)
         live.verify(prompt[:9])
         with Sampler(SamplingSettings(temperature=0.0), model_.n_vocab) as greedy:
@@ -507,7 +511,7 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         s = spec_section(engine, decode_tokens=24, repeats=1, note=lambda _line: None, source=source)
         assert s["copy_edit_source"]["file"] == "amx_probe.c"
         assert s["copy_edit_source"]["rename"] == [source.old, source.new]
-        tokens = engine.tokens_for([source.message()], engine.template_variables())
+        tokens = diagnostics(engine).tokens_for([source.message()], diagnostics(engine).template_variables())
         assert s["copy_edit_source"]["prompt_tokens"] == len(tokens)
         # copy-edit's reply may be the whole file (about the prompt's length), the others 24
         assert s["copy_edit_source"]["reply_budget"] == len(tokens)
@@ -515,7 +519,7 @@ def test_bench_spec_section(qwen_path: Path, tmp_path: Path) -> None:
         for row in ("copy-edit", "novel", "replay"):
             assert s[row]["tok_s_off"] > 0 and s[row]["tok_s_on"] > 0
             assert s[row]["identical"] or _on_gpu(engine)  # on a GPU: up to the batch rounding
-        assert s["speculation"] == engine.speculation
+        assert s["speculation"] == diagnostics(engine).speculation
         assert s["replay"]["decode_tokens"] == 24 and s["replay"]["drafted"] > 0
         for row in ("copy-edit", "novel"):  # each speculative run's drafts; the last is the row's
             (last,) = s[row]["on_runs"]
@@ -543,7 +547,7 @@ def test_verify_logit_differences(request, tmp_path: Path, model: str) -> None:
     change an argmax here. On a GPU only the shape."""
     path = request.getfixturevalue(f"{model}_path")
     with _engine(path, tmp_path, spec=True) as engine:
-        d = engine.verify_logit_differences(PROSE, 12, (1, 2, 4, 8, 16))
+        d = diagnostics(engine).verify_logit_differences(PROSE, 12, (1, 2, 4, 8, 16))
         # what a verify batch may hold: the hybrid model's max_draft 8 snapshots, any on SmolLM2
         assert set(d["max_abs_diff"]) == ({2, 4, 8} if model == "qwen" else {2, 4, 8, 16})
         assert d["positions"] == 12 and d["min_top2_gap"] >= 0

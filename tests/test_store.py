@@ -27,7 +27,7 @@ from velo_chat.store import (
 )
 from velo_chat.store.migrations import LATEST_VERSION
 
-from tests.support.store_helpers import needs_fts5
+from tests.support.store_helpers import delete_messages_after, needs_fts5
 
 
 # -- schema -------------------------------------------------------------------------------------
@@ -207,12 +207,12 @@ def test_delete_messages_after_for_regenerate(store: SessionStore) -> None:
     s = store.create_session("fast")
     for i, role in enumerate(["user", "assistant", "user", "assistant"]):
         store.add_message(s.id, role, f"m{i}")
-    assert store.delete_messages_after(s.id, 2) == 1  # regenerate the last reply
+    assert delete_messages_after(store, s.id, 2) == 1  # regenerate the last reply
     again = store.add_message(s.id, "assistant", "m3 again")
     assert again.position == 3
-    assert store.delete_messages_after(s.id, 1) == 2  # edit the last user message
+    assert delete_messages_after(store, s.id, 1) == 2  # edit the last user message
     assert [m.content for m in store.messages(s.id)] == ["m0", "m1"]
-    assert store.delete_messages_after(s.id, 5) == 0
+    assert delete_messages_after(store, s.id, 5) == 0
 
 
 def test_unicode_content(store: SessionStore) -> None:

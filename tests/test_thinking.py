@@ -22,10 +22,12 @@ from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnStarted
 from velo_chat.engine.config.profile_schema import ReasoningSettings
 from velo_chat.engine.prompt.thinking import ReasoningSplitter, requested
+from velo_chat.engine.reply import Reply
 from velo_chat.store import SessionStore
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import run_cli, test_profile
-from tests.support.gguf_template import with_chat_template
+from devkit.gguf_template import with_chat_template
 from tests.support.llama_templates import read_template
 from tests import test_untrusted_text
 
@@ -120,13 +122,35 @@ def pieces(engine: Engine, text: str) -> list[str]:
     return [model.token_bytes(t).decode() for t in model.tokenize(text, parse_special=False)]
 
 
-def split(parts: list[str], inside: bool = False) -> tuple[ReasoningSplitter, list]:
-    splitter = ReasoningSplitter(inside=inside)
-    out = [splitter.feed(p, t=float(i)) for i, p in enumerate(parts)]
-    out.append(splitter.finish(t=99.0))
-    assert "".join(p.reasoning for p in out) == splitter.reasoning  # the pieces add up
-    assert "".join(p.answer for p in out) == splitter.answer
-    return splitter, out
+@dataclasses.dataclass
+class Split:
+    """A reply split as a turn splits it: the splitter's pieces, added up by a `Reply` (each
+    piece as the `TokenDelta` a turn yields for it, the held-back text at the end)."""
+
+    splitter: ReasoningSplitter
+    reply: Reply = dataclasses.field(default_factory=Reply)
+
+    def feed(self, text: str, *, control: str = "", t: float = 0.0):
+        piece = self.splitter.feed(text, control=control)
+        self.reply.add(TokenDelta(piece.answer, 0, t, piece.reasoning, piece.in_reasoning))
+        return piece
+
+    def finish(self, t: float = 0.0):
+        piece = self.splitter.finish()
+        self.reply.add_held(piece.answer, piece.reasoning, t)
+        return piece
+
+    reasoning = property(lambda self: self.reply.reasoning)
+    answer = property(lambda self: self.reply.text)
+    reasoning_tokens = property(lambda self: self.splitter.reasoning_tokens)
+    first_answer_t = property(lambda self: self.reply.t_first_answer)
+
+
+def split(parts: list[str], inside: bool = False) -> tuple[Split, list]:
+    s = Split(ReasoningSplitter(inside=inside))
+    out = [s.feed(p, t=float(i)) for i, p in enumerate(parts)]
+    out.append(s.finish(t=99.0))
+    return s, out
 
 
 def test_the_splitter_follows_markers_cut_across_tokens(smol_engine):
@@ -154,7 +178,7 @@ def test_the_splitter_follows_markers_cut_across_tokens(smol_engine):
 
 
 def test_a_marker_that_is_a_control_token_still_splits():
-    s = ReasoningSplitter("<|START_THINKING|>", "<|END_THINKING|>")
+    s = Split(ReasoningSplitter("<|START_THINKING|>", "<|END_THINKING|>"))
     s.feed("", control="<|START_THINKING|>")
     s.feed("why")
     s.feed("", control="<|END_THINKING|>")
@@ -162,7 +186,7 @@ def test_a_marker_that_is_a_control_token_still_splits():
     s.finish()
     assert (s.reasoning, s.answer, s.reasoning_tokens) == ("why", "because", 3)
     # Gemma 4: the opening marker is a control token and then text
-    s = ReasoningSplitter("<|channel>thought", "<channel|>")
+    s = Split(ReasoningSplitter("<|channel>thought", "<channel|>"))
     for text, control in (
         ("", "<|channel>"),
         ("thought", ""),
@@ -214,7 +238,7 @@ def test_a_turn_splits_reasoning_and_answer_and_counts_both(qwen35_model, tmp_pa
         assert stats.to_json()["reasoning_tokens"] == 12
 
         # thinking off: the template closes the block, the reply is all answer
-        engine.reset()
+        diagnostics(engine).reset()
         preview = engine.preview(QUESTION, reasoning=OFF)
         events = turn(engine, QUESTION, reasoning=OFF)
         started, done = events[0], events[-1]

@@ -23,6 +23,7 @@ from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import ModelLoaded, TokenDelta, TurnDone
 from velo_chat.engine.config.profiles import ProfileError, build_profile, load_profile, profile_to_toml
 from velo_chat.engine.scheduling.threads import CpuLoad, LoadSample, ThreadGovernor, plan_threads
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import run_cli, test_profile
 from tests.support.spec_helpers import forcing_stepper, oracle_session, run_turn, spec_engine
@@ -196,9 +197,11 @@ def test_cpu_load_reads_this_machines_counters():
 
 
 def greedy(engine: Engine, n: int = 40) -> list[int]:
-    engine.reset()
+    diagnostics(engine).reset()
     return [
-        e.token_id for e in engine.turn(STORY, max_tokens=n, ignore_eos=True) if isinstance(e, TokenDelta)
+        e.token_id
+        for e in diagnostics(engine).turn(STORY, max_tokens=n, ignore_eos=True)
+        if isinstance(e, TokenDelta)
     ]
 
 
@@ -210,8 +213,8 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
     for pool in (False, True):
         engine = Engine(test_profile(smollm2_path, context={**ctx, "thread_pool": pool}))
         loaded = engine.load()
-        assert isinstance(loaded, ModelLoaded) and loaded.n_threads_batch >= 1
-        assert "(auto)" in loaded.threads or "decode 2" in loaded.threads
+        assert isinstance(loaded, ModelLoaded) and loaded.threads is not None and loaded.threads.prefill >= 1
+        assert "(auto)" in loaded.threads.plan or "decode 2" in loaded.threads.plan
         runs[pool] = greedy(engine)
         with engine._ctx.fixed_threads(1, 1):
             assert engine._ctx.threads_now == (1, 1)
@@ -238,9 +241,9 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
 
     engine._ctx._governor = ThreadGovernor(plan, probe=Flipping(plan.cores), interval=0.0)
     seen: list[int] = []
-    engine.reset()
+    diagnostics(engine).reset()
     tokens = []
-    for e in engine.turn(STORY, max_tokens=40, ignore_eos=True):
+    for e in diagnostics(engine).turn(STORY, max_tokens=40, ignore_eos=True):
         if isinstance(e, TokenDelta):
             tokens.append(e.token_id)
             seen.append(engine._ctx.threads_now[0])
@@ -255,16 +258,16 @@ def test_a_turns_stats_say_how_many_threads_decoded_it(smollm2_path):
     engine.load()
 
     def stats():
-        engine.reset()
-        turn = engine.turn(STORY, max_tokens=8, ignore_eos=True)
+        diagnostics(engine).reset()
+        turn = diagnostics(engine).turn(STORY, max_tokens=8, ignore_eos=True)
         return next(e.stats for e in turn if isinstance(e, TurnDone))
 
     try:
         planned = stats()
-        assert planned.decode_threads == engine._ctx.thread_plan.decode
-        assert planned.to_json()["decode_threads"] == planned.decode_threads
+        assert planned.llama.decode_threads == engine._ctx.thread_plan.decode
+        assert planned.to_json()["decode_threads"] == planned.llama.decode_threads
         with engine._ctx.fixed_threads(1, 1):
-            assert stats().decode_threads == 1.0
+            assert stats().llama.decode_threads == 1.0
     finally:
         engine.close()
 
@@ -284,8 +287,9 @@ def test_auto_on_the_hybrid_model_and_pools_keep_its_output(qwen_path):
         loaded = engine.load()
         on_gpu = os.environ.get("VELO_TEST_GPU_LAYERS") == "-1" and ll.llama_supports_gpu_offload()
         want = threads.GPU_DECODE_THREADS if on_gpu else threads.usable_cores()
-        assert loaded.n_threads == want and loaded.n_threads_batch == threads.usable_cores()
-        assert ("every layer on the GPU" in loaded.threads) is bool(on_gpu)
+        assert loaded.threads is not None
+        assert loaded.threads.decode == want and loaded.threads.prefill == threads.usable_cores()
+        assert ("every layer on the GPU" in loaded.threads.plan) is bool(on_gpu)
         outputs.append(greedy(engine, 24))
         with engine._ctx.fixed_threads(min(2, threads.usable_cores())):
             outputs.append(greedy(engine, 24))
@@ -433,7 +437,7 @@ def test_the_exact_cpu_profile_gives_a_busy_machine_its_prefill_threads(smollm2_
     spec = spec_engine(smollm2_path, tmp_path / "b", spec=True, context=context)
     try:
         reply = run_turn(plain, STORY, max_tokens=60, ignore_eos=True)[0]
-        assert spec.speculation.startswith("on: bit-identical")
+        assert diagnostics(spec).speculation.startswith("on: bit-identical")
         ctx = spec._require()[1]
         seen: set[tuple[int, int]] = set()
 
@@ -451,7 +455,7 @@ def test_the_exact_cpu_profile_gives_a_busy_machine_its_prefill_threads(smollm2_
         ctx._governor = ThreadGovernor(ctx.thread_plan, probe=Flipping(ctx.thread_plan.cores), interval=0.0)
         monkeypatch.setattr(turn_runner, "SpecStepper", forcing_stepper(oracle_session(spec, STORY, reply)))
         ids, done, _ = run_turn(spec, STORY, max_tokens=60, ignore_eos=True)
-        assert ids == reply and done.stats.spec_rounds > 5
+        assert ids == reply and done.stats.speculation.rounds > 5
         assert {d for d, _ in seen} == {1}  # decode never left its one thread
         if ctx.thread_plan.batch > 1:
             assert {b for _, b in seen} == {1, ctx.thread_plan.batch}

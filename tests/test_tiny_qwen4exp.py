@@ -10,7 +10,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from tests.support.tiny_qwen4exp import (
+from devkit.tiny_qwen4exp import (
     PLE_TYPES,
     decode_index_rows,
     read_tiny_qwen4exp_spec,

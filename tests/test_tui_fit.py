@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from velo_chat.app.dialogs.confirm import ConfirmDialog
+from velo_chat.engine import DoesNotFit
 from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.engine.fit import machine, report
 
@@ -21,12 +22,12 @@ from tests.test_tui_flows import SIZE, ready, until
 pytestmark = pytest.mark.usefixtures("bare_home")
 
 
-def _refusal(model: Path) -> report.DoesNotFit:
+def _refusal(model: Path) -> DoesNotFit:
     """A real fit report for SmolLM2 on a machine with 1 GiB available: it does not fit."""
     mem = machine.MemInfo(total=2 << 30, available=1 << 30, swap_total=0, swap_free=0, cached=0)
     found = report.check(test_profile(model), model, machine.Machine(mem, gpu_offload=False, gpu=None))
     assert not found.fits
-    return report.DoesNotFit(found)
+    return DoesNotFit(found)
 
 
 def _app(tmp_path: Path, model: Path):

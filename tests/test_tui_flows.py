@@ -109,7 +109,7 @@ async def test_cancel_keeps_partial_reply_marked_interrupted(tmp_path):
         await until(pilot, lambda: screen.model_ready)
         screen.query_one(Composer).load_text("count")
         await pilot.press("enter")
-        await until(pilot, lambda: screen._reply is not None and screen._reply.text)
+        await until(pilot, lambda: screen.turn_view.reply is not None and screen.turn_view.reply.text)
         await pilot.press("escape")
         await until(pilot, lambda: not screen.busy)
         reply = app.store.messages(app.store.list_sessions()[0].id)[-1]

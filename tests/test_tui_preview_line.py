@@ -23,7 +23,7 @@ async def test_the_line_says_replying_once_tokens_stream(tmp_path):
         screen = await ready(pilot)
         screen.query_one(Composer).load_text("count")
         await pilot.press("enter")  # the script holds the reply after 3 tokens
-        await until(pilot, lambda: screen._reply is not None and screen._reply.text)
+        await until(pilot, lambda: screen.turn_view.reply is not None and screen.turn_view.reply.text)
         await pilot.pause()
         assert _line(screen).startswith("replying"), _line(screen)
         assert "prefilling" not in _line(screen)

@@ -1,7 +1,8 @@
 """Snapshot tests of the main screens and states (pytest-textual-snapshot), on the fake engine
 with fixed clocks, fixed memory, no cursor blink and a fixed terminal size.
 
-Update after an intended visual change: `pytest tests/test_tui_snapshots.py --snapshot-update`.
+Update after an intended visual change: `pytest tests/test_tui_snapshots.py --snapshot-update`,
+then `python -m tests.support.readme_image` (the README's screenshot is one of these snapshots).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.engine.llama.gguf_file import GGUFError
 from velo_chat.engine.prompt.thinking import ThinkingSupport
 
+from tests.support import readme_image
 from tests.support.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
 
@@ -86,7 +88,7 @@ def test_streaming_with_live_panel(snap_compare, tmp_path):
     async def run(pilot):
         await sender("stream please", until_idle=False)(pilot)
         screen = chat(pilot.app)
-        await wait_for(lambda: screen._reply is not None and len(screen._reply.text) >= 120)
+        await wait_for(lambda: screen.turn_view.reply is not None and len(screen.turn_view.reply.text) >= 120)
         await pilot.pause(0.3)
 
     try:
@@ -132,3 +134,12 @@ def test_error_dialog(snap_compare, tmp_path):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
+
+
+def test_readme_image_is_the_snapshot():
+    """The README's screenshot (`docs/images/tui.svg`) is `test_session_with_code_answer`'s
+    snapshot, which that test keeps equal to what the TUI draws: a stale copy fails here."""
+    assert readme_image.IMAGE.read_bytes() == readme_image.SNAPSHOT.read_bytes(), (
+        "docs/images/tui.svg differs from the snapshot it is taken from: "
+        "run `.venv/bin/python -m tests.support.readme_image`"
+    )

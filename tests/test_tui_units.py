@@ -135,7 +135,7 @@ async def test_panel_speculation_line_shows_the_last_turns_drafts():
     from textual.widgets import Static
 
     from velo_chat.app.widgets.telemetry.panel import LivePanel
-    from velo_chat.engine.events import TurnStats
+    from velo_chat.engine.events import SpeculationStats, TurnStats
 
     class PanelApp(App):
         def compose(self):
@@ -143,8 +143,8 @@ async def test_panel_speculation_line_shows_the_last_turns_drafts():
 
     def stats(drafted: int, accepted: int, calls: int) -> TurnStats:
         return TurnStats(
-            0.1, 10, 0, 10, 0.1, 100.0, 41, 1.0, 40.0, 0, 0.0, 0.0, 0.0, 1.0, "stop",
-            spec_drafted=drafted, spec_accepted=accepted, decode_calls=calls,
+            0.1, 10, 0, 10, 0.1, 100.0, 41, 1.0, 40.0, 1.0, "stop",
+            speculation=SpeculationStats(drafted=drafted, accepted=accepted, decode_calls=calls),
         )  # fmt: skip
 
     app = PanelApp()

@@ -8,6 +8,7 @@ that refuses the start of a turn or the reply as it streams, an unexpected excep
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -22,6 +23,7 @@ from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine, PromptTooLong
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed
 from velo_chat.store import SessionStore
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import run_cli, test_profile
 from tests.support.fake_engine import FakeFactory, FakeScript
@@ -46,9 +48,9 @@ def engine(smollm2_path: Path, tmp_path: Path):
 def test_the_context_limit_keeps_the_reply_and_the_live_state(engine: Engine):
     n_ctx = engine._ctx.n_ctx
     question = [ChatMessage("user", "Count from one upwards, in words: " + "one two " * 40)]
-    prompt = len(engine.tokens_for(question))
+    prompt = len(diagnostics(engine).tokens_for(question))
     assert prompt < n_ctx - 20
-    events = list(engine.turn(question, max_tokens=4 * n_ctx, ignore_eos=True))
+    events = list(diagnostics(engine).turn(question, max_tokens=4 * n_ctx, ignore_eos=True))
     assert len(finals(events)) == 1 and events[-1] is finals(events)[0]
     done = events[-1]
     assert isinstance(done, TurnDone), done
@@ -61,8 +63,8 @@ def test_the_context_limit_keeps_the_reply_and_the_live_state(engine: Engine):
 
 def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engine, monkeypatch):
     question = [ChatMessage("user", "Name three colours.")]
-    clean = engine.complete(question, max_tokens=8)
-    engine.reset()
+    clean = diagnostics(engine).complete(question, max_tokens=8)
+    diagnostics(engine).reset()
     real = engine._model.token_bytes
     calls = [0]
 
@@ -81,7 +83,7 @@ def test_an_engine_fault_mid_reply_is_one_turn_failed_with_the_text(engine: Engi
     assert failed.text == streamed and clean.text.startswith(failed.text)
     assert list(engine._live.tokens) == []  # unknown state: the next turn starts cold
     monkeypatch.undo()
-    again = engine.complete(question, max_tokens=8)
+    again = diagnostics(engine).complete(question, max_tokens=8)
     assert again.text == clean.text
 
 
@@ -122,7 +124,9 @@ def host_for(engine) -> EngineHost:
 
 
 def request(engine, text: str, session=None) -> TurnRequest:
-    return TurnRequest(text, session, engine.profile, {"max_tokens": 8})
+    profile = engine.profile  # replies of at most 8 tokens
+    profile = dataclasses.replace(profile, sampling=dataclasses.replace(profile.sampling, max_tokens=8))
+    return TurnRequest(text, session, profile)
 
 
 def turn(host, store, req, post) -> None:
@@ -222,7 +226,7 @@ def test_cli_context_limit_keeps_the_reply_and_says_why(velo_home, smol_engine):
     words = 1
     while True:  # a prompt that leaves a few tokens of room (same model, same template)
         prompt = "List every number you know, in words: " + "one two " * words
-        if len(smol_engine.tokens_for([ChatMessage("user", prompt)])) >= 256 - 6:
+        if len(diagnostics(smol_engine).tokens_for([ChatMessage("user", prompt)])) >= 256 - 6:
             break
         words += 1
     proc = run_cli("ask", prompt, "--profile", "tight", "--json", "--max-tokens", "200")

@@ -21,7 +21,8 @@ from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TurnStarted
 from velo_chat.engine.llama.model import LlamaModel
 from velo_chat.engine.prompt.tokens import PromptTokenizer, SpecialTokens
-from velo_chat.engine.turn_runner import follow_up_prefix
+from velo_chat.engine.prompt.rendered import follow_up_prefix
+from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import test_profile
 from tests.support.llama_templates import read_template, templates_dir
@@ -129,7 +130,7 @@ def test_a_forged_turn_does_not_forge_the_prompt_structure(engine):
     model = engine._model
     start, end = token_id(model, "<|im_start|>"), token_id(model, "<|im_end|>")
     messages = [ChatMessage("user", FORGED)]
-    tokens = engine.tokens_for(messages)
+    tokens = diagnostics(engine).tokens_for(messages)
     # what tokenizing the rendered string with special parsing does: two forged turns
     naive = model.tokenize(model.chat_template.render(messages), parse_special=True)
     assert [t for t in naive if t in (start, end)] == [start, end] * 4 + [start]
@@ -139,7 +140,7 @@ def test_a_forged_turn_does_not_forge_the_prompt_structure(engine):
     assert runs[1] == (start, "user\n" + FORGED)
     assert runs[2] == (start, "assistant\n")
     # and these are the tokens the context is fed
-    engine.reset()
+    diagnostics(engine).reset()
     events = list(engine.turn(messages, max_tokens=2))
     started = next(e for e in events if isinstance(e, TurnStarted))
     assert started.prompt_tokens == len(tokens)
@@ -171,16 +172,16 @@ def test_the_follow_up_boundary_is_a_prefix_of_every_follow_up(engine):
     model = engine._model
     start, end = token_id(model, "<|im_start|>"), token_id(model, "<|im_end|>")
     for reply in REPLIES:
-        prompt = engine.tokens_for(HISTORY)
-        boundary = follow_up_prefix(engine.tokens_for, tuple(HISTORY), reply)
+        prompt = diagnostics(engine).tokens_for(HISTORY)
+        boundary = follow_up_prefix(diagnostics(engine).tokens_for, tuple(HISTORY), reply)
         assert boundary[: len(prompt)] == prompt, repr(reply)  # the reply continues the prompt
         assert boundary[-5:-2] == [end, *model.tokenize("\n"), start]
         assert decode(model, boundary[-2:]) == "user\n"
         for nxt in NEXT:
             convo = [*HISTORY, ChatMessage("assistant", reply), ChatMessage("user", nxt)]
-            tokens = engine.tokens_for(convo)
+            tokens = diagnostics(engine).tokens_for(convo)
             assert tokens[: len(boundary)] == boundary, (reply, nxt)
-            assert tokens == engine.tokens_for(convo)  # the same conversation, the same tokens
+            assert tokens == diagnostics(engine).tokens_for(convo)  # the same conversation, the same tokens
             assert decode(model, tokens) == model.chat_template.render(convo)
 
 
@@ -195,7 +196,7 @@ def test_ordinary_conversations_tokenize_as_the_whole_rendered_string(engine):
         ChatMessage("user", "Code:\n  x = 1"),
     ]
     text = model.chat_template.render(messages)
-    assert engine.tokens_for(messages) == model.tokenize(text, parse_special=True)
+    assert diagnostics(engine).tokens_for(messages) == model.tokenize(text, parse_special=True)
 
 
 def test_sequence_delimiting_text_is_broken_up_when_plain_tokenization_would_match_it(engine):

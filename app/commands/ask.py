@@ -10,10 +10,10 @@ import json
 import sys
 from collections.abc import Iterable
 
-from velo_chat.engine.events import EngineEvent, EngineWarning, TokenDelta, TurnDone, TurnFailed
+from velo_chat.engine import EngineEvent, EngineWarning, TokenDelta, TurnDone, TurnFailed
 from velo_chat.store.input_text import clean_text, decode_text
 
-from ..conversation import last_user_message, record, start_turn
+from ..conversation import record, start_turn, turn_messages
 from ..errors import UserError
 from .common import load_engine, open_store, override_sampling, replaced_warning, resolve_profile
 
@@ -80,13 +80,9 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_tokens=args.max_tokens,
         )
-        if rewind:
-            assert session is not None  # rewinding needs --session (checked above)
-            last = last_user_message(store.messages(session.id))
-            if last is None:
-                raise UserError("the session has no user message to regenerate or edit")
-            prompt = prompt if prompt is not None else last.content
-        assert prompt is not None  # read above, or the session's last question
+        # Before the model loads: a session with no question to rewind to is refused at once,
+        # and --regenerate asks the stored question again.
+        prompt = turn_messages(store, session, profile, prompt, rewind=rewind).text
         engine = load_engine(profile, args.model, quiet=args.json)
         try:
             started = start_turn(store, engine, session=session, profile=profile, text=prompt, rewind=rewind)

@@ -9,13 +9,18 @@ import os
 import sys
 from typing import Any
 
-from velo_chat.engine.scheduling import cpu_group
-from velo_chat.engine.bench.remote import run_remote_bench
-from velo_chat.engine.bench.result import BenchResult
-from velo_chat.engine.bench.run import DEFAULT_DECODE_TOKENS, format_table, run_bench
-from velo_chat.engine.bench.spec_source import CopyEditSource, SpecSourceError, copy_edit_source
-from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.engine import Engine
+from velo_chat.engine import CgroupError, EngineAPI, SpecSourceError
+from velo_chat.engine.bench import (
+    DEFAULT_DECODE_TOKENS,
+    BenchResult,
+    CopyEditSource,
+    check_load_cgroup,
+    copy_edit_source,
+    format_table,
+    run_bench,
+    run_remote_bench,
+)
+from velo_chat.engine.config import Profile
 from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
@@ -48,8 +53,8 @@ def _check_load_cgroup(args: argparse.Namespace) -> None:
     if args.load_same_session or not args.load:
         raise UserError("--load-cgroup needs --load N and goes without --load-same-session")
     try:
-        cpu_group.remove(cpu_group.make_sibling(f"velo-chat-busy-{os.getpid()}"))
-    except cpu_group.CgroupError as exc:
+        check_load_cgroup()
+    except CgroupError as exc:
         raise UserError(f"--load-cgroup: {exc}") from None
 
 
@@ -59,7 +64,7 @@ def _speculating(profile: Profile) -> Profile:
     as a profile that enables it makes it (a hybrid model's recurrent-state snapshots, the
     GPU's warm-up), and on a GPU or on several decode threads the "on" column speculates
     instead of drafting nothing; its first line says which guarantee that was, and each row
-    whether the text came out identical (docs/speculation.md, "Measurements")."""
+    whether the text came out identical (docs/speculation.md, "Measuring it")."""
     spec = dataclasses.replace(profile.speculation, enabled=True, allow_batch_rounding=True)
     return dataclasses.replace(profile, speculation=spec)
 
@@ -127,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = load_engine(profile, args.model, quiet=args.json)
     try:
-        if isinstance(engine, Engine):
+        if profile.backend.kind != "remote":  # the in-process engine (make_engine's choice)
             result = _local(
                 engine,
                 args,
@@ -157,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _local(
-    engine: Engine,
+    engine: EngineAPI,
     args: argparse.Namespace,
     name: str,
     sizes: tuple[int, ...],
@@ -179,7 +184,7 @@ def _local(
             thread_counts=thread_counts,
             **extra,
         )
-    except cpu_group.CgroupError as exc:  # the busy processes could not join their cgroup
+    except CgroupError as exc:  # the busy processes could not join their cgroup
         raise UserError(f"--load-cgroup: {exc}") from None
 
 
@@ -196,8 +201,7 @@ def _run_ple(
     for mode in modes:
         p = dataclasses.replace(profile, model=dataclasses.replace(profile.model, ple_gather=mode))
         engine = load_engine(p, args.model, quiet=True)
-        try:
-            assert isinstance(engine, Engine)  # a remote profile was refused above
+        try:  # an in-process engine: a remote profile was refused above
             results.append(
                 _local(engine, args, f"{profile.name} (ple_gather = {mode})", sizes, thread_counts)
             )

@@ -7,12 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from velo_chat.engine.config import locations
-from velo_chat.engine.api import EngineAPI
-from velo_chat.engine.backends import make_engine
-from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.config.profiles import active_profile_name, load_profile
-from velo_chat.engine.setup import default_model
+from velo_chat.engine import EngineAPI, make_engine
+from velo_chat.engine.config import Profile, active_profile_name, database_path, load_profile
+from velo_chat.engine.setup import BUILTIN
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import CleanText
 
@@ -25,7 +22,7 @@ def resolve_profile(name: str | None) -> Profile:
 
 
 def open_store() -> SessionStore:
-    return SessionStore(locations.database_path())
+    return SessionStore(database_path())
 
 
 def replaced_warning(what: str, clean: CleanText) -> str | None:
@@ -64,7 +61,7 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAP
     show = not quiet and sys.stderr.isatty()
     last = [-1]
     raw = model or profile.model.path
-    local = profile.backend.kind != "remote" and raw not in default_model.BUILTIN
+    local = profile.backend.kind != "remote" and raw not in BUILTIN
     rate = LoadRate(model_bytes(Path(raw)) if local else None)
 
     def on_event(event: object) -> None:
@@ -89,6 +86,6 @@ def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAP
 
 def engine_label(profile: Profile, model: str | None) -> str:
     raw = model or profile.model.path
-    if raw in default_model.BUILTIN:
+    if raw in BUILTIN:
         return "the default model" if raw == "default" else "the default model (Q8_0)"
     return raw.rstrip("/").rsplit("/", 1)[-1]

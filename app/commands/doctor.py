@@ -12,17 +12,32 @@ import platform
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from velo_chat.engine.scheduling import cpu_group
-from velo_chat.engine.engine import resolve_model_path
-from velo_chat.engine.fit import machine, report, residency
-from velo_chat.engine.fit.estimate import fmt
-from velo_chat.engine.fit.model_facts import read_facts
-from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.llama.gguf_file import GGUFError, read_header, shard_headers
-from velo_chat.engine.speculation.stepper import X86_64, batch_weight_types, weight_rounding
-from velo_chat.engine.setup.default_model import DefaultModelMissing
+from velo_chat.engine import DefaultModelMissing, GGUFError
+from velo_chat.engine.config import Profile
+from velo_chat.engine.fit import (
+    WARM_BELOW,
+    X86_64,
+    CpuGroup,
+    Machine,
+    ModelFacts,
+    check_profile,
+    cpu_flags,
+    fmt,
+    gpus,
+    load_average,
+    meminfo,
+    model_weight_types,
+    neighbours_cores,
+    probe_cpu_group,
+    read_facts,
+    resident,
+    warm_page_cache,
+    weight_rounding,
+)
+from velo_chat.engine.setup import resolve_model_path
 from velo_chat.kernels import cudart
 
 from .common import resolve_profile
@@ -122,16 +137,38 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     read the PLE table into the page cache first, reporting (bytes done, total) to it."""
     profile = resolve_profile(profile_name)
     build = _build()
-    gpus = machine.gpus()
-    gpu = gpus[0] if gpus else None
-    mem = machine.meminfo()
-    load = machine.load_average()
-    group = cpu_group.probe()
-    neighbours = cpu_group.neighbours_cores() if load.busy_advice else None
-    host = _host_access() if build["cuda"] else None
-    problems: list[str] = []
-    advice: list[str] = []
+    found_gpus = gpus()
+    machine = Machine(meminfo(), build["gpu_offload"], found_gpus[0] if found_gpus else None)
+    load = load_average()
+    group = probe_cpu_group()
+    neighbours = neighbours_cores() if load.busy_advice else None
+    cpu = {
+        "cores": load.cores,
+        "load1": load.load1,
+        "cgroup": {**group.to_json(), "others_cores": neighbours},
+    }
     out: dict[str, Any] = {
+        **_machine(build, machine, cpu),
+        "profile": profile.name,
+        "model": {"path": None, "shards": [], "ok": False, "error": None},
+        "fit": None,
+        "ple_residency": None,
+    }
+    problems: list[str] = []
+    advice = _machine_advice(profile, build, machine, load.busy_advice, group, neighbours)
+    if profile.backend.kind == "remote":
+        out["model"]["error"] = f"a remote server ({profile.backend.base_url}) runs the model"
+        advice.append("a remote profile: the server's machine is not checked here")
+    else:
+        _check_model(profile, machine, warm, out, problems, advice)
+    return _finish(out, problems, advice)
+
+
+def _machine(build: dict[str, Any], machine: Machine, cpu: dict[str, Any]) -> dict[str, Any]:
+    """The machine's part of the report: the llama.cpp build, the GPU, memory and the CPU."""
+    gpu, mem = machine.gpu, machine.mem
+    host = _host_access() if build["cuda"] else None
+    return {
         "llama_cpp": build,
         "gpu": None
         if gpu is None
@@ -153,42 +190,58 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
             "swap_total": mem.swap_total,
             "swap_free": mem.swap_free,
         },
-        "cpu": {
-            "cores": load.cores,
-            "load1": load.load1,
-            "cgroup": {**group.to_json(), "others_cores": neighbours},
-        },
-        "profile": profile.name,
-        "model": {"path": None, "shards": [], "ok": False, "error": None},
-        "fit": None,
-        "ple_residency": None,
+        "cpu": cpu,
     }
-    if load.busy_advice:
-        advice.append(load.busy_advice)
+
+
+def _machine_advice(
+    profile: Profile,
+    build: dict[str, Any],
+    machine: Machine,
+    busy_advice: str | None,
+    group: CpuGroup,
+    neighbours: float | None,
+) -> list[str]:
+    """What to change on this machine (or in its llama.cpp build) for the profile:
+    `busy_advice` is the load average's, `neighbours` the cores the cgroup's other processes
+    use (None: not measured)."""
+    gpu, mem = machine.gpu, machine.mem
+    advice: list[str] = []
+    if busy_advice:
+        advice.append(busy_advice)
         if group.path is not None and (neighbours is None or neighbours >= 0.5):
             advice.append(SHARED_GROUP_ADVICE)
     if profile.model.n_gpu_layers != 0 and not build["gpu_offload"]:
         advice.append(
             "this llama.cpp build is CPU-only: n_gpu_layers is ignored (packaging/ builds a CUDA one)"
         )
-    native = cpu_build_advice(machine.cpu_flags(), build["system_info"], profile.model.n_gpu_layers)
+    native = cpu_build_advice(cpu_flags(), build["system_info"], profile.model.n_gpu_layers)
     if native and profile.backend.kind != "remote":
         advice.append(native)
     if gpu is not None and gpu.integrated and mem.swap_total:
         advice.append(
             "swap is on: on unified memory a model that overflows swaps instead of failing (swapoff -a)"
         )
-    if profile.backend.kind == "remote":
-        out["model"]["error"] = f"a remote server ({profile.backend.base_url}) runs the model"
-        advice.append("a remote profile: the server's machine is not checked here")
-        return _finish(out, problems, advice)
+    return advice
+
+
+def _check_model(
+    profile: Profile,
+    machine: Machine,
+    warm: Callable[[int, int], None] | None,
+    out: dict[str, Any],
+    problems: list[str],
+    advice: list[str],
+) -> None:
+    """The model's part of the report, into `out`, `problems` and `advice`: its files, its
+    weight types for speculation, whether it fits, and its PLE table in the page cache."""
     try:
         path = resolve_model_path(profile)
         facts = read_facts(path)
     except (GGUFError, OSError, ValueError, DefaultModelMissing) as exc:  # a finding, not a crash
         out["model"]["error"] = str(exc).splitlines()[0]
         problems.append(f"model: {out['model']['error']}")
-        return _finish(out, problems, advice)
+        return
     out["model"] = {
         "path": str(path),
         "shards": [{"path": str(s.path), "present": s.path.exists(), "bytes": s.size} for s in facts.shards],
@@ -197,14 +250,14 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     }
     spec = spec_weights_advice(
         profile,
-        batch_weight_types(shard_headers(read_header(path))),
+        model_weight_types(path),
         hybrid=facts.hybrid,
-        gpu_offload=build["gpu_offload"],
+        gpu_offload=machine.gpu_offload,
         arch=platform.machine(),
     )
     if spec:
         advice.append(spec)
-    found = report.check(profile, path, machine.Machine(mem, build["gpu_offload"], gpu))
+    found = check_profile(profile, path, machine)
     out["fit"] = found.to_json()
     out["fit"]["table"] = found.table()
     if not found.fits:
@@ -215,16 +268,26 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
             "the PLE table cannot stay in the page cache beside the rest: decode will read it from disk"
         )
     if facts.ple_bytes and facts.ple_shard is not None:
-        if warm is not None:
-            residency.warm(facts.ple_shard, facts.ple_offset, facts.ple_bytes, warm)
-        res = residency.resident(facts.ple_shard, facts.ple_offset, facts.ple_bytes)
-        out["ple_residency"] = res.to_json()
-        if res.fraction < residency.WARM_BELOW:
-            advice.append(
-                f"the PLE table is {res.fraction:.0%} in the page cache: the first turns read it from "
-                "disk (`velo-chat doctor --warm-ple` reads it in)"
-            )
-    return _finish(out, problems, advice)
+        _check_ple(facts.ple_shard, facts, warm, out, advice)
+
+
+def _check_ple(
+    shard: Path,
+    facts: ModelFacts,
+    warm: Callable[[int, int], None] | None,
+    out: dict[str, Any],
+    advice: list[str],
+) -> None:
+    """How much of the PLE table (in `shard`) is in the page cache (`warm`: read it in first)."""
+    if warm is not None:
+        warm_page_cache(shard, facts.ple_offset, facts.ple_bytes, warm)
+    res = resident(shard, facts.ple_offset, facts.ple_bytes)
+    out["ple_residency"] = res.to_json()
+    if res.fraction < WARM_BELOW:
+        advice.append(
+            f"the PLE table is {res.fraction:.0%} in the page cache: the first turns read it from "
+            "disk (`velo-chat doctor --warm-ple` reads it in)"
+        )
 
 
 SHARED_GROUP_ADVICE = (
@@ -278,7 +341,7 @@ def _text(d: dict[str, Any]) -> str:
     busy = (
         f"; its other processes used {cg['others_cores']:.2f} cores" if cg["others_cores"] is not None else ""
     )
-    lines.append(f"cgroup         {cpu_group.CpuGroup(**_group_fields(cg)).describe()}{busy}")
+    lines.append(f"cgroup         {CpuGroup(**_group_fields(cg)).describe()}{busy}")
     lines.append(f"profile        {d['profile']}")
     model = d["model"]
     if model["ok"]:

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 
-from velo_chat.engine.api import EngineAPI
-from velo_chat.engine.fit.report import DoesNotFit
+from velo_chat.engine import DoesNotFit, EngineAPI
 
 _force: ContextVar[bool] = ContextVar("velo_chat_force_load", default=False)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from velo_chat.engine.config.profiles import (
+from velo_chat.engine.config import (
     active_profile_name,
     list_profiles,
     load_profile,

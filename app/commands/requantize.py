@@ -11,16 +11,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from velo_chat.engine.setup import default_model
-from velo_chat.engine.setup.requantize import RequantizeError, derived_name, requantize
+from velo_chat.engine import RequantizeError
+from velo_chat.engine.setup import derived_name, require_default_model, requantize_model
 
 from ..errors import UserError
 
 
 def run(args: argparse.Namespace) -> int:
-    source = (
-        default_model.require_default_model() if args.model == "default" else Path(args.model).expanduser()
-    )
+    source = require_default_model() if args.model == "default" else Path(args.model).expanduser()
     target = Path(args.out).expanduser() if args.out else source.with_name(derived_name(source, args.to))
     if target.exists() and not args.overwrite:
         raise UserError(f"{target} exists; pass --overwrite to replace it, or --out to write elsewhere")
@@ -32,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     try:
-        requantize(source, target, args.to, progress=progress)
+        requantize_model(source, target, args.to, progress=progress)
     except RequantizeError as exc:
         raise UserError(str(exc)) from None
     finally:

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from velo_chat.engine.config import locations
+from velo_chat.engine.config import create_private
 from velo_chat.store import SessionStore
 from velo_chat.store.input_text import decode_text
 
@@ -29,7 +29,7 @@ def _write(text: str, output: str | None) -> None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     try:
-        fd = locations.create_private(Path(output), os.O_WRONLY | os.O_TRUNC)
+        fd = create_private(Path(output), os.O_WRONLY | os.O_TRUNC)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
     except OSError as exc:

@@ -1,38 +1,40 @@
 """The chat screen: sessions sidebar, transcript, composer, resume-cost line and live panel.
 
 It owns the conversation state (the active session, whether a turn runs) and is the only place
-that starts engine work: the generation worker (`_generate`, `_load`) and the preview worker run
-`app/generation.py` functions in threads and only post messages back; the
-handlers below turn those messages into widget calls. Session actions live in `chat_sessions.py`,
-loading the model (and following its PLE table) in `chat_model.py`.
+that starts engine work: the generation worker (`_generate`, and the model's load) and the
+preview worker run `app/generation.py` functions in threads and only post messages back; the
+handlers below turn those messages into widget calls. Its parts are objects it owns and builds
+with what they use: `TurnView` (`chat_turn.py`: the running turn in the transcript, the panel
+and the line under the composer), `Sessions` and `Copying` (`chat_sessions.py`: the active
+session, the session and copy actions), `ModelLoader` and `ThinkingChoice` (`chat_model.py`:
+loading the model, following its PLE table, the thinking key). Textual's handlers and actions
+stay on the screen and call them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 from textual.worker import get_current_worker
 
-from velo_chat.engine.events import ModelLoaded
-from velo_chat.engine.config.profile_schema import Profile, ReasoningSettings
-from velo_chat.engine.prompt.thinking import ThinkingSupport, requested
+from velo_chat.engine.config import Profile
 from velo_chat.store import Session
 from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
 from ..dialogs.message import error_dialog
 from ..gc_hold import FullCollectionHold
-from ..load_rate import LoadRate
 from ..generation import TurnRequest, run_apply, run_preview, run_turn, ui_shares_cores
 from ..messages import (
     EngineNotice,
+    ModelLoadFailed,
+    ModelLoadProgress,
+    ModelReady,
     PrefillUpdated,
     PreviewReady,
     TokensStreamed,
@@ -42,43 +44,74 @@ from ..messages import (
     TurnRejected,
 )
 from ..widgets.composer.composer import Composer
-from ..widgets.sessions.sidebar import SessionSidebar
+from ..widgets.sessions.sidebar import SessionList, SessionSidebar
 from ..widgets.telemetry.panel import LivePanel
-from ..widgets.transcript.message import MessageView
 from ..widgets.transcript.transcript import Transcript
-from .chat_model import ModelLoading
-from .chat_sessions import SessionActions
+from .base import VeloScreen
+from .chat_model import ModelLoader, ThinkingChoice
+from .chat_sessions import Copying, Sessions, header_text
+from .chat_turn import TurnView, resume_line
 
 NARROW = 100  # below this many columns the sidebar starts collapsed
 
 
-class ChatScreen(ModelLoading, SessionActions, Screen[None]):
+class ChatScreen(VeloScreen):
     BINDINGS = keymap.bindings("chat")
     CSS_PATH = "../../assets/styles/chat.tcss"
     AUTO_FOCUS = "#composer"  # from the first key on: typing goes to the message input
 
     def __init__(self) -> None:
         super().__init__(id="chat")
-        self.session: Session | None = None
         self.busy = False
-        self.model_ready = False
         self._cancel = threading.Event()
-        self._line_says_prefill = False  # the line under the composer shows prefill progress
-        self._load_cancel = threading.Event()
-        self._load_id = 0  # messages of an older load are stale and ignored
-        self._activate_on_ready = False  # make the loading profile the saved active one
-        self._model_info: ModelLoaded | None = None  # what the running engine reported
-        self._loading_name = ""
-        self._load_rate = LoadRate(None)  # bytes/s and time left of the load in progress
-        self._ple_timer: Timer | None = None  # polls the PLE table's page-cache residency
-        self._reply: MessageView | None = None
         self._gc_hold = FullCollectionHold()  # no full collection while a reply streams
-        self._user_view: MessageView | None = None
         self._preview_timer: Timer | None = None
-        self._thinking_support: ThinkingSupport | None = None  # the running model's template
-        # The thinking key's choice (on/off), with the profile's `reasoning.enabled` when it was
-        # pressed: a profile saved with another value since then wins.
-        self._thinking: tuple[str, bool] | None = None
+        self.turn_view = TurnView(
+            transcript=lambda: self.query_one(Transcript),
+            panel=lambda: self.query_one(LivePanel),
+            show_line=self._show_line,
+            notify=self.notify,
+            push_screen=self.app.push_screen,
+        )
+        self.model = ModelLoader(
+            self.app,
+            post=self.post_message,
+            run_worker=self.run_worker,
+            set_interval=self.set_interval,
+            panel=lambda: self.query_one(LivePanel),
+            show_line=self._show_line,
+            stop_turn=lambda: self._cancel.set(),
+            ready_changed=self._sync_composer,
+            request_preview=self.request_preview,
+        )
+        self.thinking = ThinkingChoice(profile=lambda: self.app.profile, support=lambda: self.model.thinking)
+        self.sessions = Sessions(
+            self.app,
+            notify=self.notify,
+            sidebar=lambda: self.query_one(SessionSidebar),
+            session_list=lambda: self.query_one(SessionList),
+            transcript=lambda: self.query_one(Transcript),
+            composer=lambda: self.query_one(Composer),
+            busy=lambda: self.busy,
+            session_changed=self._update_header,
+            request_preview=self.request_preview,
+        )
+        self.copying = Copying(
+            transcript=lambda: self.query_one(Transcript),
+            focused=lambda: self.focused,
+            copy_to_clipboard=self.app.copy_to_clipboard,
+            notify=self.notify,
+        )
+
+    @property
+    def session(self) -> Session | None:
+        """The active session (None: a new one, made by its first turn)."""
+        return self.sessions.active
+
+    @property
+    def model_ready(self) -> bool:
+        """A model is loaded: turns can run."""
+        return self.model.ready
 
     def compose(self) -> ComposeResult:
         app = self.app
@@ -101,7 +134,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self.query_one("#sidebar").display = self.app.size.width >= NARROW
         self.query_one("#panel").display = self.app.profile.display.show_live_panel
         self.query_one(LivePanel).set_speculation(self.app.profile.speculation.enabled)
-        self.refresh_sessions()
+        self.sessions.refresh()
         self._update_header()
         self.app.profile_changed.subscribe(self, self._profile_changed)
         self._sync_composer()
@@ -180,31 +213,21 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self._sync_composer()
         self._gc_hold.hold()
         self._cancel = threading.Event()
-        transcript = self.query_one(Transcript)
-        transcript.freeze_history()  # before the new messages: they count only once laid out
-        self._user_view = await transcript.add_message(MessageView("user", text))
-        self._reply = await transcript.add_message(
-            MessageView("assistant", streaming=True, show_thinking=self.app.profile.reasoning.show_thinking)
-        )
-        transcript.scroll_end(animate=False)
-        transcript.follow()
-        self.query_one(LivePanel).turn_sent()
-        self.query_one("#preview-line", Static).update("[i]thinking… Esc stops[/i]")
-        self._line_says_prefill = False
+        await self.turn_view.begin(text, show_thinking=self.app.profile.reasoning.show_thinking)
         request = TurnRequest(
             text,
             self.session,
             self.app.profile,
-            self.app.turn_kwargs,
             rewind=rewind,
-            reasoning=self._reasoning(),
+            reasoning=self.thinking.reasoning(),
             paced=self.app.pace_stream,
         )
         # Where the decode leaves the UI no core, the engine starts once the new messages are
         # laid out and drawn: after a short prefill that frame would otherwise be drawn over the
-        # decode's first tokens, taking their threads' time (benchmarks/README.md, the TUI
-        # section). With a core to spare, the frame and the prefill run side by side.
-        if self._model_info is not None and ui_shares_cores(self._model_info):
+        # decode's first tokens, taking their threads' time (docs/threads.md, "The TUI's own
+        # thread beside the decode"). With a core to spare, the frame and the prefill run side
+        # by side.
+        if self.model.info is not None and ui_shares_cores(self.model.info):
             self.call_after_refresh(self._generate, request)
         else:
             self._generate(request)
@@ -222,9 +245,7 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         )
 
     async def on_turn_rejected(self, msg: TurnRejected) -> None:
-        for view in (self._user_view, self._reply):
-            if view is not None:
-                await view.remove()
+        await self.turn_view.remove()
         self._end_busy()
         if self.session is not None:  # a rejected regenerate removed views: show the store's
             await self.query_one(Transcript).show_messages(self.app.store.messages(self.session.id))
@@ -233,87 +254,35 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         self.app.push_screen(error_dialog("The message was not sent", msg.reason))
 
     def on_turn_accepted(self, msg: TurnAccepted) -> None:
-        self.session = msg.session
-        if self._reply is not None:
-            self._reply.message_id = msg.reply.id
-        if self._user_view is not None:
-            self._user_view.message_id = msg.user.id
-        self.refresh_sessions()
+        self.sessions.active = msg.session
+        self.turn_view.accepted(msg)
+        self.sessions.refresh()
         self._update_header()
 
     def on_turn_began(self, msg: TurnBegan) -> None:
-        self.query_one(LivePanel).turn_began(msg.started, msg.n_ctx)
+        self.turn_view.began(msg)
 
     def on_prefill_updated(self, msg: PrefillUpdated) -> None:
-        self.query_one(LivePanel).prefill(msg.progress)
-        p = msg.progress
-        self.query_one("#preview-line", Static).update(
-            f"prefilling {p.done:,}/{p.total:,} · ETA {p.eta_s:.1f} s · Esc stops"
-        )
-        self._line_says_prefill = True
+        self.turn_view.prefill(msg)
 
     async def on_tokens_streamed(self, msg: TokensStreamed) -> None:
-        if self._line_says_prefill:  # the prefill is over: its progress would read stale
-            self._line_says_prefill = False
-            self.query_one("#preview-line", Static).update("[i]replying… Esc stops[/i]")
-        if self._reply is not None:
-            self.query_one(Transcript).freeze_history()  # what the reply pushed up since
-            await self._reply.stream_text(msg.text, msg.reasoning)
-        self.query_one(LivePanel).tokens(
-            msg.n_tokens,
-            msg.t_first,
-            msg.t_last,
-            n_reasoning=msg.n_reasoning,
-            answering=bool(msg.text),
-            samples=msg.samples,
-        )
+        await self.turn_view.tokens(msg)
 
     def on_engine_notice(self, msg: EngineNotice) -> None:
         self.notify(msg.message, severity="warning")
 
     async def on_turn_ended(self, msg: TurnEnded) -> None:
-        if self._reply is not None:
-            reply = msg.reply
-            # What streamed on screen wins over the stored row, which may lag a flush behind
-            # or not have been written at all.
-            text = msg.text if msg.text is not None else (reply.content if reply else self._reply.text)
-            reasoning = (
-                msg.reasoning
-                if msg.text is not None
-                else (reply.reasoning if reply else self._reply.reasoning)
-            )
-            status = "error" if msg.failed else (reply.status if reply else "interrupted")
-            await self._reply.finish(text, status, reply.id if reply else None, reasoning)
-        self.query_one(LivePanel).turn_ended(msg.stats)
+        await self.turn_view.ended(msg)
         self._end_busy()
-        if msg.failed:
-            self.notify(f"The reply failed: {msg.failed}", severity="error", timeout=8)
-        if not msg.saved:
-            self.app.push_screen(
-                error_dialog(
-                    "The reply was not saved",
-                    f"The session store refused it ({msg.save_error}). "
-                    "The reply is shown here but will not be in the session after a restart: "
-                    "copy what you need.",
-                )
-            )
-        elif msg.stats is not None and msg.stats.finish_reason == "context":
-            self.notify(
-                "The reply stopped at the end of the context window. Start a new "
-                "session (Ctrl+N) or raise context.n_ctx in the profile.",
-                severity="warning",
-                timeout=10,
-            )
-        self.refresh_sessions()
+        self.turn_view.tell(msg)
+        self.sessions.refresh()
         self.request_preview()
 
     def _end_busy(self) -> None:
-        self.query_one(Transcript).thaw()
+        self.turn_view.end()
         self.busy = False
         self._sync_composer()
         self._gc_hold.release()
-        self._reply = self._user_view = None
-        self.query_one("#preview-line", Static).update("")
 
     def on_unmount(self) -> None:
         self.stop_engine_work()
@@ -322,12 +291,60 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
     def stop_engine_work(self) -> None:
         """The app is closing: stop a running turn or load so the engine can be closed."""
         self._cancel.set()
-        self._load_cancel.set()
+        self.model.stop()
 
     def action_cancel_turn(self) -> None:
         if self.busy and not self._cancel.is_set():
             self._cancel.set()
             self.notify("Stopping the reply…", timeout=2)
+
+    # -- the model, the sessions, copying: Textual's side, calling the parts -------------------
+
+    def reload_model(self, profile: Profile, *, activate: bool = False, force: bool = False) -> None:
+        """Load (or reload) the engine for `profile` in the background (`ModelLoader.reload`)."""
+        self.model.reload(profile, activate=activate, force=force)
+
+    def on_model_load_progress(self, msg: ModelLoadProgress) -> None:
+        self.model.progress(msg)
+
+    def on_model_ready(self, msg: ModelReady) -> None:
+        self.model.loaded(msg)
+
+    def on_model_load_failed(self, msg: ModelLoadFailed) -> None:
+        self.model.failed(msg)
+
+    def on_session_sidebar_filter_changed(self, event: SessionSidebar.FilterChanged) -> None:
+        self.sessions.filter(event.query)
+
+    async def on_session_sidebar_selected(self, event: SessionSidebar.Selected) -> None:
+        await self.open_session(event.session_id)
+
+    async def open_session(self, session_id: str | None) -> None:
+        await self.sessions.open(session_id)
+
+    async def action_new_session(self) -> None:
+        await self.sessions.open(None)
+
+    def action_rename_session(self) -> None:
+        self.sessions.rename()
+
+    def action_delete_session(self) -> None:
+        self.sessions.delete()
+
+    async def action_fork_session(self) -> None:
+        await self.sessions.fork()
+
+    def action_export_session(self) -> None:
+        self.sessions.export()
+
+    def action_switch_profile(self) -> None:
+        self.sessions.switch_profile()
+
+    def action_copy_message(self) -> None:
+        self.copying.message()
+
+    def action_copy_code(self) -> None:
+        self.copying.code()
 
     # -- resume-cost preview ------------------------------------------------------------------
 
@@ -341,52 +358,25 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         if not self.model_ready or self.busy:
             return
         draft = self.query_one(Composer).text or " "
-        self._preview(TurnRequest(draft, self.session, self.app.profile, reasoning=self._reasoning()))
+        self._preview(TurnRequest(draft, self.session, self.app.profile, reasoning=self.thinking.reasoning()))
 
     @work(thread=True, exclusive=True, group="preview")
     def _preview(self, request: TurnRequest) -> None:
         run_preview(self.app.host, self.app.store, request, self.post_message)
 
     def on_preview_ready(self, msg: PreviewReady) -> None:
-        if self.busy:
-            return
-        p = msg.preview
-        line = ""
-        if p is not None:
-            est = f" ≈ {p.est_prefill_s:.1f} s" if p.est_prefill_s is not None else ""
-            line = f"reuses {p.cached_tokens:,} cached tokens · prefills {p.prefill_tokens:,}{est}"
-            if p.source == "server":
-                line = "remote: the server keeps its own prompt cache"
-        thinks = self._thinks()
-        if thinks is not None:
-            line = f"thinking {'on' if thinks else 'off'}" + (f" · {line}" if line else "")
-        self.query_one("#preview-line", Static).update(line)
+        if not self.busy:
+            self._show_line(resume_line(msg.preview, self.thinking.thinks()))
 
     # -- thinking -----------------------------------------------------------------------------
 
-    def _reasoning(self) -> ReasoningSettings:
-        """The reasoning settings the next turn runs with: the profile's, with the thinking
-        key's choice while the profile's `reasoning.enabled` is still what it was then."""
-        settings = self.app.profile.reasoning
-        if self._thinking is not None and self._thinking[0] == settings.enabled:
-            return dataclasses.replace(settings, enabled="on" if self._thinking[1] else "off")
-        return settings
-
-    def _thinks(self) -> bool | None:
-        """Whether the next turn thinks (None: the model's template has no thinking switch)."""
-        support = self._thinking_support
-        if support is None or not support.can_switch:
-            return None
-        return support.is_on(requested(self._reasoning())[0])
-
     def action_toggle_thinking(self) -> None:
         """Turn thinking on or off for the next turns (not saved in the profile)."""
-        thinks = self._thinks()
+        thinks = self.thinking.toggle()
         if thinks is None:
             self.notify("This model's chat template has no thinking switch.", severity="warning")
             return
-        self._thinking = (self.app.profile.reasoning.enabled, not thinks)
-        self.notify(f"Thinking {'off' if thinks else 'on'} from the next turn.", timeout=3)
+        self.notify(f"Thinking {'on' if thinks else 'off'} from the next turn.", timeout=3)
         self.request_preview()
 
     # -- layout -------------------------------------------------------------------------------
@@ -406,19 +396,11 @@ class ChatScreen(ModelLoading, SessionActions, Screen[None]):
         run_apply(self.app.host, profile)
 
     def _update_header(self) -> None:
-        profile = self.app.profile.name
-        if self.session is None:
-            text = f"[b]new session[/b] · profile {profile}"
-        else:
-            text = f"[b]{(self.session.title or 'untitled').replace('[', chr(92) + '[')}[/b]"
-            if self.session.profile != profile:
-                text += (
-                    f" · [b $warning]session profile {self.session.profile}, running "
-                    f"{profile}[/] (Ctrl+O switches)"
-                )
-            else:
-                text += f" · profile {profile}"
-        self.query_one("#session-header", Static).update(text)
+        self.query_one("#session-header", Static).update(header_text(self.session, self.app.profile.name))
+
+    def _show_line(self, text: str) -> None:
+        """The line under the composer: the resume cost, prefill progress, or a state."""
+        self.query_one("#preview-line", Static).update(text)
 
     def action_toggle_sidebar(self) -> None:
         bar = self.query_one("#sidebar")

@@ -11,10 +11,10 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from velo_chat.engine.config.profile_schema import Profile
-from velo_chat.engine.config.profiles import (
+from velo_chat.engine import ProfileError
+from velo_chat.engine.config import (
     NAME_RE,
-    ProfileError,
+    Profile,
     list_profiles,
     load_profile,
     save_user_profile,
@@ -155,7 +155,7 @@ class SettingsScreen(VeloScreen):
         def done(name: str | None) -> None:
             if not name:
                 return
-            from velo_chat.engine.config.profiles import build_profile
+            from velo_chat.engine.config import build_profile
 
             data, _ = self.form.collect()
             try:

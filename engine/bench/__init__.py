@@ -1,4 +1,26 @@
 """Measuring: `velo-chat bench` and its sections (threads, load, resume, sessions).
 
-Nothing here is needed to chat; it drives the engine through its public API and reports.
+Nothing here is needed to chat; it drives the engine through its public surface and its
+measurement hooks (`velo_chat.engine.diagnostics`) and reports.
 """
+
+from .load import busy_processes, check_load_cgroup
+from .remote import run_remote_bench
+from .result import BenchResult
+from .run import DEFAULT_DECODE_TOKENS, format_table, run_bench
+from .spec import with_speculation, workloads
+from .spec_source import CopyEditSource, copy_edit_source
+
+__all__ = [
+    "DEFAULT_DECODE_TOKENS",
+    "BenchResult",
+    "CopyEditSource",
+    "busy_processes",
+    "check_load_cgroup",
+    "copy_edit_source",
+    "format_table",
+    "run_bench",
+    "run_remote_bench",
+    "with_speculation",
+    "workloads",
+]

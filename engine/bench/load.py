@@ -29,12 +29,18 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..scheduling import cpu_group
-from ..scheduling.threads import CpuLoad
+from .. import CgroupError
+from ..diagnostics import (
+    CpuLoad,
+    Diagnostics,
+    cgroup_holds_processes,
+    make_sibling_cgroup,
+    remove_cgroup,
+)
+from ..fit import probe_cpu_group
 
 if TYPE_CHECKING:
     from .result import BenchResult
-    from ..engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +70,24 @@ LEADER = (
 Decode = Callable[[str], dict[str, Any]]
 
 
+def check_load_cgroup() -> None:
+    """Raise `CgroupError` (one line) now where `busy_processes(cgroup=True)` could not make
+    the busy processes' cgroup beside this process's, before a model is loaded."""
+    remove_cgroup(make_sibling_cgroup(f"velo-chat-busy-{os.getpid()}"))
+
+
 @contextlib.contextmanager
 def busy_processes(
     n: int, *, same_session: bool = False, cgroup: bool = False, settle_s: float = 1.0
 ) -> Iterator[None]:
     """`n` processes that keep one core each busy until the block ends, then are killed: in a
     session (and process group) of their own, or as this process's children. With `cgroup`
-    their session runs in a cgroup of its own beside this process's (`cpu_group.make_sibling`;
+    their session runs in a cgroup of its own beside this process's (`make_sibling_cgroup`;
     raises `CgroupError` where the hierarchy does not allow it), as a desktop runs a compile
     started in another terminal tab."""
     procs: list[subprocess.Popen] = []
     quiet: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL}
-    group = cpu_group.make_sibling(f"velo-chat-busy-{os.getpid()}") if cgroup and n else None
+    group = make_sibling_cgroup(f"velo-chat-busy-{os.getpid()}") if cgroup and n else None
     try:
         if same_session:
             for _ in range(n):
@@ -91,7 +103,7 @@ def busy_processes(
             )
         time.sleep(settle_s)  # let them start spinning before anything is timed
         if group is not None and procs and procs[0].poll() is not None:
-            raise cpu_group.CgroupError(f"the busy processes could not join {group} (see the kernel's rules)")
+            raise CgroupError(f"the busy processes could not join {group} (see the kernel's rules)")
         yield
     finally:
         for p in procs:
@@ -104,10 +116,10 @@ def busy_processes(
             p.wait()
         if group is not None:
             for _ in range(50):  # the killed loops leave the group within moments
-                if not cpu_group.holds_processes(group):
+                if not cgroup_holds_processes(group):
                     break
                 time.sleep(0.02)
-            cpu_group.remove(group)
+            remove_cgroup(group)
 
 
 @contextlib.contextmanager
@@ -138,19 +150,19 @@ def _row(n: int, d: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _fixed(engine: Engine, decode: Decode, counts: tuple[int, ...], where: str) -> list[dict[str, Any]]:
+def _fixed(diag: Diagnostics, decode: Decode, counts: tuple[int, ...], where: str) -> list[dict[str, Any]]:
     rows = []
     for n in counts:
-        with engine.fixed_threads(n):
-            n = engine.threads_now[0]  # never more than the usable cores
+        with diag.fixed_threads(n):
+            n = diag.threads_now[0]  # never more than the usable cores
             rows.append(_row(n, decode(f" with {n} threads{where}")))
     return rows
 
 
 def threads_section(
-    engine: Engine, decode: Decode, counts: tuple[int, ...], *, auto: dict[str, Any]
+    diag: Diagnostics, decode: Decode, counts: tuple[int, ...], *, auto: dict[str, Any]
 ) -> dict[str, Any]:
-    rows = _fixed(engine, decode, counts, "")
+    rows = _fixed(diag, decode, counts, "")
     best = max(rows, key=lambda r: r["tok_s"])
     return {
         "fixed": rows,
@@ -160,7 +172,7 @@ def threads_section(
 
 
 def load_section(
-    engine: Engine,
+    diag: Diagnostics,
     decode: Decode,
     n_busy: int,
     counts: tuple[int, ...],
@@ -176,13 +188,13 @@ def load_section(
         "busy_processes": n_busy,
         "same_session": same_session,
         "cgroup": cgroup,  # the busy processes ran in a cgroup beside this process's
-        "own_cgroup": cpu_group.probe().to_json(),
+        "own_cgroup": probe_cpu_group().to_json(),
         "decode": loaded,
         "over_idle": round(loaded["tok_s"] / base, 3) if base else None,
         "worst_run_over_idle": round(min(loaded["tok_s_runs"]) / base, 3) if base else None,
     }
     if counts:
-        rows = _fixed(engine, decode, counts, f" beside {n_busy} busy processes")
+        rows = _fixed(diag, decode, counts, f" beside {n_busy} busy processes")
         for row in rows:
             row["over_idle"] = round(row["tok_s"] / base, 3) if base else None
         section["fixed"] = rows

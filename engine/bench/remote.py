@@ -15,16 +15,18 @@ import platform
 import statistics
 from collections.abc import Callable, Sequence
 
-from ..api import EngineAPI
-from ..prompt.chat_template import ChatMessage
-from ..events import TurnDone, TurnFailed, TurnStats
+from .. import ChatMessage, EngineAPI, TurnDone, TurnFailed, TurnStats
+from ..diagnostics import turn_past_eos
 from .result import FILLER, BenchResult
 
 CHARS_PER_TOKEN = 4
 
 
 def _turn(engine: EngineAPI, messages: Sequence[ChatMessage], max_tokens: int, ignore_eos: bool) -> TurnStats:
-    turn = engine.turn(messages, max_tokens=max_tokens, ignore_eos=ignore_eos)
+    if ignore_eos:
+        turn = turn_past_eos(engine, messages, max_tokens=max_tokens)
+    else:
+        turn = engine.turn(messages, max_tokens=max_tokens)
     try:
         for event in turn:
             if isinstance(event, TurnDone):
@@ -61,7 +63,7 @@ def run_remote_bench(
         n_threads=0,
         hybrid=False,
         machine=f"client {platform.machine()} {platform.system()}",
-        threads={"plan": info.threads},
+        threads={"plan": f"remote: {info.path.rsplit(' · ', 1)[0]}"},
     )
     for size in sorted(set(prefill_sizes)):
         rows = []
@@ -91,10 +93,13 @@ def run_remote_bench(
         "tokens": int(statistics.median(r.decode_tokens for r in runs)),
         "tok_s": round(statistics.median(r.decode_tok_s for r in runs), 2),
         "tok_s_runs": [round(r.decode_tok_s, 2) for r in runs],
-        "client_tok_s": round(statistics.median(r.server.get("client_tok_s", 0.0) for r in runs), 2),
+        "client_tok_s": round(statistics.median(r.server.client_tok_s if r.server else 0.0 for r in runs), 2),
         "ttft_s": round(statistics.median(r.ttft_s for r in runs), 4),
-        "wall_ms": round(statistics.median(r.wall_ms for r in runs), 2),
-        "llama_eval_ms": round(statistics.median(r.llama_eval_ms for r in runs), 2),
+        "wall_ms": round(statistics.median(r.decode_s * 1000.0 for r in runs), 2),
+        # the server's own decode time, where it reports one (llama.cpp's server does)
+        "llama_eval_ms": round(
+            statistics.median((r.server and r.server.predicted_ms) or 0.0 for r in runs), 2
+        ),
         "overhead": None,
         "overhead_runs": [],
         "graphs_reused": 0,

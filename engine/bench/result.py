@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..prompt.chat_template import ChatMessage
-from ..engine import Engine
+from .. import ChatMessage, EngineAPI
+from ..diagnostics import diagnostics
 
 FILLER = (
     "The quick brown fox jumps over the lazy dog while a careful engineer reviews the diff, "
@@ -37,9 +37,10 @@ class BenchResult:
         return dataclasses.asdict(self)
 
 
-def conversation_of(engine: Engine, n_tokens: int) -> list[ChatMessage]:
+def conversation_of(engine: EngineAPI, n_tokens: int) -> list[ChatMessage]:
     """A one-message conversation whose rendered prompt is about `n_tokens` tokens."""
-    base = len(engine.tokens_for([ChatMessage("user", "")]))
-    per_filler = (len(engine.tokens_for([ChatMessage("user", FILLER * 64)])) - base) / 64
+    tokens_for = diagnostics(engine).tokens_for
+    base = len(tokens_for([ChatMessage("user", "")]))
+    per_filler = (len(tokens_for([ChatMessage("user", FILLER * 64)])) - base) / 64
     reps = max(0, round((n_tokens - base) / max(per_filler, 1.0)))
     return [ChatMessage("user", FILLER * reps)]

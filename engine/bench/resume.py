@@ -21,41 +21,41 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints import file_format as cf
-from ..prompt.chat_template import ChatMessage
-from ..engine import Engine
-from ..config.profiles import profile_to_toml
+from .. import ChatMessage, EngineAPI
+from ..config import profile_to_toml
+from ..diagnostics import CHECKPOINT_SUFFIX, diagnostics, read_checkpoint_header
 
 FOLLOW_UP = "Summarize all of that in one sentence."
 
 
-def run_resume_bench(engine: Engine, *, tokens: int, reply_tokens: int = 32) -> dict[str, Any]:
+def run_resume_bench(engine: EngineAPI, *, tokens: int, reply_tokens: int = 32) -> dict[str, Any]:
     """Measure, then close `engine` (the fresh-process probe needs the memory)."""
     from .result import conversation_of
 
+    diag = diagnostics(engine)
     assert engine.info is not None, "load the engine first"
     first = conversation_of(engine, min(tokens, engine.info.n_ctx - reply_tokens - 64))
     with tempfile.TemporaryDirectory(prefix="velo-bench-ckpt-") as tmp:
         root, probe_root = Path(tmp) / "warm", Path(tmp) / "probe"
-        engine.reset()
-        with engine.checkpoints_at(root):
-            reply = engine.complete(first, max_tokens=reply_tokens).text
+        diag.reset()
+        with diag.checkpoints_at(root):
+            reply = diag.complete(first, max_tokens=reply_tokens).text
             follow = first + [ChatMessage("assistant", reply), ChatMessage("user", FOLLOW_UP)]
             # As after a user types the follow-up: the previous turn's files are written, and
             # the fresh process gets exactly those (not what the warm turn saves next).
-            engine.flush_checkpoints()
+            diag.flush_checkpoints()
             shutil.copytree(root, probe_root)
-            warm = engine.complete(follow, max_tokens=1).stats
-        engine.reset()
-        with engine.checkpoints_at(None):
-            cold = engine.complete(follow, max_tokens=1).stats
-        largest = max(probe_root.glob(f"*/*{cf.SUFFIX}"), key=lambda p: p.stat().st_size)
-        header, _, _ = cf.read_header(largest)
+            warm = diag.complete(follow, max_tokens=1).stats
+        diag.reset()
+        with diag.checkpoints_at(None):
+            cold = diag.complete(follow, max_tokens=1).stats
+        largest = max(probe_root.glob(f"*/*{CHECKPOINT_SUFFIX}"), key=lambda p: p.stat().st_size)
+        header, _, _ = read_checkpoint_header(largest)
         file_bytes = largest.stat().st_size
         profile = dataclasses.replace(
             engine.profile, checkpoints=dataclasses.replace(engine.profile.checkpoints, enabled=True)
         )
-        model_path = str(engine.model_path)
+        model_path = str(diag.model_path)
         engine.close()
         probe = subprocess.run(
             [sys.executable, "-m", "velo_chat.engine.bench.resume_probe", str(probe_root), model_path],

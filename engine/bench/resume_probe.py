@@ -11,10 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from ..prompt.chat_template import ChatMessage
-from ..engine import Engine
-from ..events import TurnDone
-from ..config.profiles import build_profile
+from .. import ChatMessage, TurnDone, make_engine
+from ..config import build_profile
 
 
 def main(argv: list[str]) -> int:
@@ -25,12 +23,15 @@ def main(argv: list[str]) -> int:
     messages = [
         ChatMessage(m["role"], m["content"], m.get("reasoning_content", "")) for m in request["messages"]
     ]
-    with Engine(profile, model_path=model_path, checkpoint_root=root) as engine:
+    engine = make_engine(profile, model_path=model_path, checkpoint_root=root)
+    try:
         engine.load()
         for event in engine.turn(messages, max_tokens=1):
             if isinstance(event, TurnDone):
                 sys.stdout.write(json.dumps(event.stats.to_json()))
                 return 0
+    finally:
+        engine.close()
     return 1
 
 

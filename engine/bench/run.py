@@ -11,6 +11,7 @@ load sections (`engine/bench/load.py`) decode again with fixed thread counts and
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import platform
 import statistics
@@ -26,8 +27,8 @@ from . import session as bench_session
 from .resume import run_resume_bench
 from .spec import format_spec_lines, spec_section
 from .spec_source import CopyEditSource
-from ..prompt.chat_template import ChatMessage
-from ..engine import Engine
+from .. import ChatMessage, EngineAPI, LlamaTimings, TurnStats
+from ..diagnostics import Diagnostics, diagnostics
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,14 @@ DEFAULT_PREFILL_SIZES = (512, 2048, 8192)
 DEFAULT_DECODE_TOKENS = 256
 
 
+def llama_timings(stats: TurnStats) -> LlamaTimings:
+    """The llama.cpp timings of an in-process turn (the only kind this benchmark runs)."""
+    assert stats.llama is not None, "an in-process turn reports llama.cpp's timings"
+    return stats.llama
+
+
 def decode_section(
-    engine: Engine,
+    diag: Diagnostics,
     messages: list[ChatMessage],
     *,
     decode_tokens: int,
@@ -48,30 +55,32 @@ def decode_section(
     runs = []
     with measure_load() as load:
         for i in range(repeats):
-            engine.reset()
+            diag.reset()
             note(f"decode {decode_tokens} tokens{label} (run {i + 1}/{repeats})")
-            runs.append(engine.complete(messages, max_tokens=decode_tokens, ignore_eos=True).stats)
-    ratios = [s.wall_ms / s.llama_eval_ms for s in runs if s.llama_eval_ms > 0]
-    best = min(runs, key=lambda s: s.wall_ms / s.llama_eval_ms if s.llama_eval_ms else 9e9)
+            runs.append(diag.complete(messages, max_tokens=decode_tokens, ignore_eos=True).stats)
+    timings = [llama_timings(s) for s in runs]
+    ratios = [t.wall_ms / t.eval_ms for t in timings if t.eval_ms > 0]
+    overhead = [t.wall_ms / t.eval_ms if t.eval_ms else 9e9 for t in timings]
+    best = overhead.index(min(overhead))
     return {
-        "tokens": best.decode_tokens,
+        "tokens": runs[best].decode_tokens,
         "tok_s": round(statistics.median(s.decode_tok_s for s in runs), 2),
         "tok_s_runs": [round(s.decode_tok_s, 2) for s in runs],
         "ttft_s": round(statistics.median(s.ttft_s for s in runs), 4),
-        "wall_ms": round(statistics.median(s.wall_ms for s in runs), 2),
-        "llama_eval_ms": round(statistics.median(s.llama_eval_ms for s in runs), 2),
+        "wall_ms": round(statistics.median(t.wall_ms for t in timings), 2),
+        "llama_eval_ms": round(statistics.median(t.eval_ms for t in timings), 2),
         "overhead": round(statistics.median(ratios), 4) if ratios else None,
         "overhead_runs": [round(r, 4) for r in ratios],
-        "graphs_reused": best.graphs_reused,
+        "graphs_reused": timings[best].graphs_reused,
         "repeats": repeats,
-        "threads_after": list(engine.threads_now),  # (decode, prefill) at the end
+        "threads_after": list(diag.threads_now),  # (decode, prefill) at the end
         "other_cores": load.get("other_cores"),  # CPU the rest of the machine used meanwhile
         "own_cores": load.get("own_cores"),  # CPU this process used (a spinning GPU wait: ~1)
     }
 
 
 def run_bench(
-    engine: Engine,
+    engine: EngineAPI,
     *,
     profile_name: str,
     prefill_sizes=DEFAULT_PREFILL_SIZES,
@@ -87,23 +96,74 @@ def run_bench(
     spec_source: CopyEditSource | None = None,
     spec_copy_tokens: int | None = None,
 ) -> BenchResult:
-    """Run every section. `thread_counts`: decode again with each fixed count (the threads
-    section); `load`: decode again beside that many busy processes (the load section, with the
-    fixed counts too; `load_same_session` starts them as this process's children,
-    `load_cgroup` in a cgroup beside this process's, see
-    `engine/bench/load.py`). With `resume_tokens`, the resume section runs last and closes the engine
-    (its fresh-process probe must not share the machine with a second copy). `spec_copy_tokens`:
-    the `--spec` copy-edit reply's length (None: the whole file, `spec.copy_edit_budget`)."""
+    """Run every section on an in-process engine (`NoDiagnostics` for another).
+    `thread_counts`: decode again with each fixed count (the threads section); `load`: decode
+    again beside that many busy processes (the load section, with the fixed counts too;
+    `load_same_session` starts them as this process's children, `load_cgroup` in a cgroup beside
+    this process's, see `engine/bench/load.py`). With `resume_tokens`, the resume section runs
+    last and closes the engine (its fresh-process probe must not share the machine with a second
+    copy). `spec_copy_tokens`: the `--spec` copy-edit reply's length (None: the whole file,
+    `spec.copy_edit_budget`)."""
     note = on_progress or (lambda _s: None)
+    diag = diagnostics(engine)
+    result = _result_of(engine, diag, profile_name)
+    busy = functools.partial(busy_processes, load, same_session=load_same_session, cgroup=load_cgroup)
+    if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py), beside
+        # `load` busy processes when asked (off and on alike: the two columns share the load)
+        with busy() if load else contextlib.nullcontext():
+            section = spec_section(
+                engine,
+                decode_tokens=decode_tokens,
+                repeats=repeats,
+                note=note,
+                source=spec_source,
+                copy_tokens=spec_copy_tokens,
+            )
+        if load:
+            section["busy_processes"] = load
+        result.sections["speculation"] = section
+        return result
+    # Prefill and decode are measured cold: no checkpoint may shorten a prefill here.
+    with diag.checkpoints_at(None):
+        room = _prefill_rows(engine, diag, result, prefill_sizes, decode_tokens, note)
+        messages = conversation_of(engine, min(128, room))
+
+        def decode(label: str = "") -> dict[str, Any]:
+            return decode_section(
+                diag, messages, decode_tokens=decode_tokens, repeats=repeats, note=note, label=label
+            )
+
+        result.decode = decode()
+        if thread_counts:
+            result.sections["threads"] = threads_section(diag, decode, thread_counts, auto=result.decode)
+        if load > 0:
+            with busy():
+                result.sections["load"] = load_section(
+                    diag,
+                    decode,
+                    load,
+                    thread_counts,
+                    idle=result,
+                    same_session=load_same_session,
+                    cgroup=load_cgroup,
+                )
+    diag.reset()
+    if resume_tokens > 0:
+        result.sections.update(_resume_sections(engine, resume_tokens, note))
+    return result
+
+
+def _result_of(engine: EngineAPI, diag: Diagnostics, profile_name: str) -> BenchResult:
+    """The result's header: the model, the machine, the thread plan and the PLE path."""
     info = engine.info
     assert info is not None, "load the engine first"
-    plan = engine.thread_plan
+    plan = diag.thread_plan
     result = BenchResult(
-        model=str(engine.model_path.name),
+        model=str(diag.model_path.name),
         architecture=info.architecture,
         profile=profile_name,
         n_ctx=info.n_ctx,
-        n_threads=info.n_threads,
+        n_threads=info.threads.decode if info.threads is not None else 0,
         hybrid=info.hybrid,
         machine=f"{platform.machine()} {platform.system()}",
         threads={
@@ -121,74 +181,50 @@ def run_bench(
         },
     )
     result.sections["ple"] = {  # docs/ple.md
-        "mode": info.ple_gather,
-        "reason": info.ple_reason,
-        "graph_splits": info.graph_splits,
+        "mode": info.ple.gather if info.ple is not None else "",
+        "reason": info.ple.reason if info.ple is not None else "",
+        "graph_splits": info.local.graph_splits if info.local is not None else 0,
     }
-    if spec:  # `bench --spec`: the speculation section alone (engine/bench/spec.py), beside
-        # `load` busy processes when asked (off and on alike: the two columns share the load)
-        busy = busy_processes(load, same_session=load_same_session, cgroup=load_cgroup) if load else None
-        with busy or contextlib.nullcontext():
-            section = spec_section(
-                engine,
-                decode_tokens=decode_tokens,
-                repeats=repeats,
-                note=note,
-                source=spec_source,
-                copy_tokens=spec_copy_tokens,
-            )
-        if load:
-            section["busy_processes"] = load
-        result.sections["speculation"] = section
-        return result
-    room = info.n_ctx - decode_tokens - 16
-    sizes = sorted({min(s, room) for s in prefill_sizes if s > 0})
-    # Prefill and decode are measured cold: no checkpoint may shorten a prefill here.
-    with engine.checkpoints_at(None):
-        for size in sizes:
-            messages = conversation_of(engine, size)
-            engine.reset()
-            note(f"prefill {size} tokens")
-            stats = engine.complete(messages, max_tokens=1).stats
-            result.prefill.append(
-                {
-                    "tokens": stats.prefill_tokens,
-                    "tok_s": round(stats.prefill_tok_s, 1),
-                    "ttft_s": round(stats.ttft_s, 4),
-                    "llama_prompt_eval_ms": round(stats.llama_prompt_eval_ms, 2),
-                }
-            )
-        messages = conversation_of(engine, min(128, room))
-
-        def decode(label: str = "") -> dict[str, Any]:
-            return decode_section(
-                engine, messages, decode_tokens=decode_tokens, repeats=repeats, note=note, label=label
-            )
-
-        result.decode = decode()
-        if thread_counts:
-            result.sections["threads"] = threads_section(engine, decode, thread_counts, auto=result.decode)
-        if load > 0:
-            with busy_processes(load, same_session=load_same_session, cgroup=load_cgroup):
-                result.sections["load"] = load_section(
-                    engine,
-                    decode,
-                    load,
-                    thread_counts,
-                    idle=result,
-                    same_session=load_same_session,
-                    cgroup=load_cgroup,
-                )
-    engine.reset()
-    if resume_tokens > 0:
-        with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:
-            note(f"resume: a 3-turn session of {resume_tokens} tokens, warm and cold")
-            session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens)
-            note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
-            result.sections["resume"] = run_resume_bench(engine, tokens=resume_tokens)
-            note("resume: the session's last follow-up from disk in a fresh process")
-            result.sections["resume_session"] = bench_session.probe(session)
     return result
+
+
+def _prefill_rows(
+    engine: EngineAPI,
+    diag: Diagnostics,
+    result: BenchResult,
+    prefill_sizes,
+    decode_tokens: int,
+    note: Callable[[str], None],
+) -> int:
+    """One cold prefill of each size (as far as the context leaves room for the decode after
+    it) into `result.prefill`; returns that room."""
+    assert engine.info is not None
+    room = engine.info.n_ctx - decode_tokens - 16
+    for size in sorted({min(s, room) for s in prefill_sizes if s > 0}):
+        messages = conversation_of(engine, size)
+        diag.reset()
+        note(f"prefill {size} tokens")
+        stats = diag.complete(messages, max_tokens=1).stats
+        result.prefill.append(
+            {
+                "tokens": stats.prefill_tokens,
+                "tok_s": round(stats.prefill_tok_s, 1),
+                "ttft_s": round(stats.ttft_s, 4),
+                "llama_prompt_eval_ms": round(llama_timings(stats).prompt_eval_ms, 2),
+            }
+        )
+    return room
+
+
+def _resume_sections(engine: EngineAPI, resume_tokens: int, note: Callable[[str], None]) -> dict[str, Any]:
+    """The resume sections (`resume.py`, `session.py`); they close the engine."""
+    with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:
+        note(f"resume: a 3-turn session of {resume_tokens} tokens, warm and cold")
+        session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens)
+        note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
+        resume = run_resume_bench(engine, tokens=resume_tokens)
+        note("resume: the session's last follow-up from disk in a fresh process")
+        return {"resume": resume, "resume_session": bench_session.probe(session)}
 
 
 def format_table(result: BenchResult) -> str:

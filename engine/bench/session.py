@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..prompt.chat_template import ChatMessage
-from ..engine import Engine
-from ..config.profiles import profile_to_toml
+from .. import ChatMessage, EngineAPI
+from ..config import profile_to_toml
+from ..diagnostics import diagnostics, follow_up_prefix
 
 FOLLOW_UPS = (
     "Which of those points matters most, and why?",
@@ -46,38 +46,36 @@ class SessionBench:
     result: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare(engine: Engine, workdir: Path, *, tokens: int, reply_tokens: int = 64) -> SessionBench:
+def prepare(engine: EngineAPI, workdir: Path, *, tokens: int, reply_tokens: int = 64) -> SessionBench:
     """Run turns 1 and 2 (checkpoints on), then turn 3 warm and cold, with `engine`."""
     from .result import conversation_of
-    from ..turn_runner import follow_up_prefix
 
+    diag = diagnostics(engine)
     assert engine.info is not None, "load the engine first"
     room = engine.info.n_ctx - 3 * reply_tokens - 128
     messages = conversation_of(engine, max(64, min(tokens, room) - 2 * reply_tokens - 64))
     root, files = workdir / "session", workdir / "session-files"
-    engine.reset()
-    with engine.checkpoints_at(root):
+    diag.reset()
+    with diag.checkpoints_at(root):
         for question in FOLLOW_UPS:
-            done = engine.complete(messages, max_tokens=reply_tokens, ignore_eos=True)
+            done = diag.complete(messages, max_tokens=reply_tokens, ignore_eos=True)
             history = tuple(messages)
             messages = [
                 *messages,
                 ChatMessage("assistant", done.text, done.reasoning),
                 ChatMessage("user", question),
             ]
-        engine.flush_checkpoints()
+        diag.flush_checkpoints()
         shutil.copytree(root, files)  # as when the user types the third question
-        history_tokens = len(
-            follow_up_prefix(engine.tokens_for, history, done.text, reasoning=done.reasoning)
-        )
-        warm = engine.complete(messages, max_tokens=1).stats
-    engine.reset()
-    with engine.checkpoints_at(None):
-        cold = engine.complete(messages, max_tokens=1).stats
-    engine.reset()
+        history_tokens = len(follow_up_prefix(diag.tokens_for, history, done.text, reasoning=done.reasoning))
+        warm = diag.complete(messages, max_tokens=1).stats
+    diag.reset()
+    with diag.checkpoints_at(None):
+        cold = diag.complete(messages, max_tokens=1).stats
+    diag.reset()
     profile = replace(engine.profile, checkpoints=replace(engine.profile.checkpoints, enabled=True))
     return SessionBench(
-        str(engine.model_path),
+        str(diag.model_path),
         profile_to_toml(profile),
         files,
         messages,

@@ -19,10 +19,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from ..prompt.chat_template import ChatMessage
-from ..engine import Engine, PromptTooLong
-from ..events import TokenDelta, TurnDone, TurnStats
-from ..live_sequence import common_prefix
+from .. import ChatMessage, EngineAPI, PromptTooLong, SpeculationStats, TokenDelta, TurnDone, TurnStats
+from ..diagnostics import Diagnostics, common_prefix, diagnostics
 from .spec_source import CopyEditSource, colorsys_source
 
 BATCH_SIZES = (1, 2, 3, 5, 8, 9, 17)  # 8 and 9: either side of CUDA's matrix-vector limit
@@ -61,10 +59,12 @@ class TokenTimes:
         return (n - 1) / span if n > 1 and span > 0 else 0.0
 
 
-def timed_reply(engine: Engine, messages: list[ChatMessage], max_tokens: int) -> tuple[TurnDone, TokenTimes]:
+def timed_reply(
+    diag: Diagnostics, messages: list[ChatMessage], max_tokens: int
+) -> tuple[TurnDone, TokenTimes]:
     """Run a turn to its end; its `TurnDone` and each token's time."""
     deltas: list[TokenDelta] = []
-    done = engine.complete(messages, max_tokens=max_tokens, deltas=deltas)
+    done = diag.complete(messages, max_tokens=max_tokens, deltas=deltas)
     return done, TokenTimes([d.token_id for d in deltas], [d.t for d in deltas])
 
 
@@ -87,7 +87,7 @@ def shared_rates(off: list[TokenTimes], on: list[TokenTimes]) -> dict[str, Any]:
     }
 
 
-def with_speculation(engine: Engine, enabled: bool) -> None:
+def with_speculation(engine: EngineAPI, enabled: bool) -> None:
     """Apply the engine's profile with speculation switched on or off (a context reload on a
     hybrid model; `benchmarks/spec_trace.py` uses it too)."""
     profile = engine.profile
@@ -129,7 +129,7 @@ def copy_edit_budget(
 
 
 def spec_section(
-    engine: Engine,
+    engine: EngineAPI,
     *,
     decode_tokens: int,
     repeats: int,
@@ -137,25 +137,26 @@ def spec_section(
     source: CopyEditSource | None = None,
     copy_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The section's numbers (docs/speculation.md, "Measurements"). `source`: the copy-edit
+    """The section's numbers (docs/speculation.md, "Measuring it"). `source`: the copy-edit
     workload's file and rename (default colorsys.py). `decode_tokens`: the novel and replay
     replies' length; copy-edit's is `copy_edit_budget`'s (the whole file unless `copy_tokens`).
     Raises `PromptTooLong` before anything runs when the copy-edit prompt and its reply do not
     fit in the context."""
+    diag = diagnostics(engine)
     loaded = engine.profile
     spec = loaded.speculation
     source = source or colorsys_source()
     prompts = workloads(source)
     info = engine.info
     assert info is not None, "load the engine first"
-    prompt_tokens = len(engine.tokens_for(prompts["copy-edit"], engine.template_variables()))
+    prompt_tokens = len(diag.tokens_for(prompts["copy-edit"], diag.template_variables()))
     copy_budget = copy_edit_budget(source.name, prompt_tokens, info.n_ctx, decode_tokens, copy_tokens)
     out: dict[str, Any] = {
         "max_draft": spec.max_draft,
         "min_match": spec.min_match,
         # the "on" column's guarantee (bit-identical, up to batch rounding, or off and why),
         # whether or not the loaded profile enables speculation
-        "speculation": engine.speculation_if_enabled,
+        "speculation": diag.speculation_if_enabled,
         "copy_edit_source": {
             **source.describe(),
             "prompt_tokens": prompt_tokens,
@@ -163,73 +164,14 @@ def spec_section(
         },
     }
     try:
-        with engine.checkpoints_at(None):
+        with diag.checkpoints_at(None):
             for name, messages in prompts.items():
-                runs: dict[bool, list[TurnDone]] = {False: [], True: []}
-                timed: dict[bool, list[TokenTimes]] = {False: [], True: []}
-                for i in range(repeats):  # off and on in turns: both see the same machine load
-                    for enabled in (False, True):
-                        note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
-                        with_speculation(engine, enabled)
-                        engine.reset()
-                        budget = copy_budget if name == "copy-edit" else decode_tokens
-                        done, times = timed_reply(engine, messages, budget)
-                        runs[enabled].append(done)
-                        timed[enabled].append(times)
-                row: dict[str, Any] = {}
-                stats: dict[bool, list[TurnStats]] = {k: [d.stats for d in v] for k, v in runs.items()}
-                for enabled, key in ((False, "off"), (True, "on")):
-                    row[f"tok_s_{key}"] = round(statistics.median(s.decode_tok_s for s in stats[enabled]), 2)
-                    row[f"tok_s_{key}_runs"] = [round(s.decode_tok_s, 2) for s in stats[enabled]]
-                # each speculative run's drafts (the counters below are the last run's): a
-                # context's first runs may draft otherwise than the later ones
-                row["on_runs"] = [
-                    {
-                        "tok_s": round(r.decode_tok_s, 2),
-                        "drafted": r.spec_drafted,
-                        "accepted": r.spec_accepted,
-                        "batches": {str(n): c for n, c in sorted(r.spec_batches.items())},
-                    }
-                    for r in stats[True]
-                ]
-                s = stats[True][-1]
-                row.update(
-                    drafted=s.spec_drafted,
-                    accepted=s.spec_accepted,
-                    acceptance=round(s.spec_acceptance, 4),
-                    tokens_per_call=round(s.tokens_per_call, 3),
-                    declined=s.spec_declined,
-                    guarded=s.spec_guarded,
-                    batches={str(n): c for n, c in sorted(s.spec_batches.items())},
-                    batch_steps={str(n): round(v, 3) for n, v in s.spec_batch_steps.items()},
-                    after_verify_steps=round(s.spec_after_verify_steps, 3),
-                    decode_tokens=s.decode_tokens,
-                    speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
-                    identical=runs[False][-1].text == runs[True][-1].text,
-                    graphs_reused=s.graphs_reused,
-                    graphs_reused_off=stats[False][-1].graphs_reused,
-                    **shared_rates(timed[False], timed[True]),
-                )
-                out[name] = row
-            out["replay"] = _replay(engine, decode_tokens, repeats, note)
-            note("speculation: cost of a verify batch")
-            engine.reset()
-            costs = engine.verify_batch_costs(workloads()["novel"], BATCH_SIZES, max(repeats, 5))
-            alternating = engine.verify_batch_costs(
-                workloads()["novel"], BATCH_SIZES, max(repeats, 5), alternate=True
-            )
-            out["cost_alternating"] = {str(k): round(v / costs[1], 3) for k, v in alternating.items()}
-            out["verify_threads"] = engine.verify_threads
-            threads = engine.threads_now
-            if engine.verify_threads == "decode" and threads[0] != threads[1]:
-                note("speculation: cost of a verify batch on the prefill threads")
-                on_prefill = engine.verify_batch_costs(
-                    workloads()["novel"], BATCH_SIZES, max(repeats, 5), prefill_threads=True
-                )
-                out["cost_on_prefill_threads"] = {
-                    str(k): round(v / costs[1], 3) for k, v in on_prefill.items()
-                }
-            engine.reset()
+                budget = copy_budget if name == "copy-edit" else decode_tokens
+                runs, timed = _off_and_on(engine, diag, name, messages, budget, repeats, note)
+                out[name] = _workload_row(runs, timed)
+            out["replay"] = _replay(diag, decode_tokens, repeats, note)
+            costs, cost_rows = _verify_costs(diag, repeats, note)
+            out.update(cost_rows)
     finally:
         with_speculation(engine, loaded.speculation.enabled)
     one = costs[1]
@@ -241,14 +183,114 @@ def spec_section(
     return out
 
 
-def _replay(engine: Engine, decode_tokens: int, repeats: int, note: Callable[[str], None]) -> dict[str, Any]:
+def _off_and_on(
+    engine: EngineAPI,
+    diag: Diagnostics,
+    name: str,
+    messages: list[ChatMessage],
+    budget: int,
+    repeats: int,
+    note: Callable[[str], None],
+) -> tuple[dict[bool, list[TurnDone]], dict[bool, list[TokenTimes]]]:
+    """One workload `repeats` times with speculation off and on, in turns (both see the same
+    machine load): each run's `TurnDone` and token times, by speculation on or off."""
+    runs: dict[bool, list[TurnDone]] = {False: [], True: []}
+    timed: dict[bool, list[TokenTimes]] = {False: [], True: []}
+    for i in range(repeats):
+        for enabled in (False, True):
+            note(f"speculation: {name}, {'on' if enabled else 'off'} ({i + 1}/{repeats})")
+            with_speculation(engine, enabled)
+            diag.reset()
+            done, times = timed_reply(diag, messages, budget)
+            runs[enabled].append(done)
+            timed[enabled].append(times)
+    return runs, timed
+
+
+def _spec(stats: TurnStats) -> SpeculationStats:
+    """The speculation counters of an in-process turn (the only kind this benchmark runs)."""
+    assert stats.speculation is not None, "an in-process turn reports its speculation"
+    return stats.speculation
+
+
+def _graphs_reused(stats: TurnStats) -> int:
+    return stats.llama.graphs_reused if stats.llama is not None else 0
+
+
+def _workload_row(runs: dict[bool, list[TurnDone]], timed: dict[bool, list[TokenTimes]]) -> dict[str, Any]:
+    """A workload's row: both columns' rates, and the last speculative run's counters."""
+    row: dict[str, Any] = {}
+    stats: dict[bool, list[TurnStats]] = {k: [d.stats for d in v] for k, v in runs.items()}
+    for enabled, key in ((False, "off"), (True, "on")):
+        row[f"tok_s_{key}"] = round(statistics.median(s.decode_tok_s for s in stats[enabled]), 2)
+        row[f"tok_s_{key}_runs"] = [round(s.decode_tok_s, 2) for s in stats[enabled]]
+    # each speculative run's drafts (the counters below are the last run's): a
+    # context's first runs may draft otherwise than the later ones
+    row["on_runs"] = [
+        {
+            "tok_s": round(r.decode_tok_s, 2),
+            "drafted": _spec(r).drafted,
+            "accepted": _spec(r).accepted,
+            "batches": {str(n): c for n, c in sorted(_spec(r).batches.items())},
+        }
+        for r in stats[True]
+    ]
+    s = stats[True][-1]
+    spec = _spec(s)
+    row.update(
+        drafted=spec.drafted,
+        accepted=spec.accepted,
+        acceptance=round(spec.acceptance, 4),
+        tokens_per_call=round(s.tokens_per_call, 3),
+        declined=spec.declined,
+        guarded=spec.guarded,
+        batches={str(n): c for n, c in sorted(spec.batches.items())},
+        batch_steps={str(n): round(v, 3) for n, v in spec.batch_steps.items()},
+        after_verify_steps=round(spec.after_verify_steps, 3),
+        decode_tokens=s.decode_tokens,
+        speedup=round(row["tok_s_on"] / row["tok_s_off"], 3) if row["tok_s_off"] else None,
+        identical=runs[False][-1].text == runs[True][-1].text,
+        graphs_reused=_graphs_reused(s),
+        graphs_reused_off=_graphs_reused(stats[False][-1]),
+        **shared_rates(timed[False], timed[True]),
+    )
+    return row
+
+
+def _verify_costs(
+    diag: Diagnostics, repeats: int, note: Callable[[str], None]
+) -> tuple[dict[int, float], dict[str, Any]]:
+    """The seconds of a verify batch of each size (`BATCH_SIZES`, each size in a row), and the
+    rows that set it against other orders and threads: each after another size, and on the
+    prefill threads where verify batches run on the decode ones."""
+    note("speculation: cost of a verify batch")
+    diag.reset()
+    novel = workloads()["novel"]
+    costs = diag.verify_batch_costs(novel, BATCH_SIZES, max(repeats, 5))
+    alternating = diag.verify_batch_costs(novel, BATCH_SIZES, max(repeats, 5), alternate=True)
+    rows: dict[str, Any] = {
+        "cost_alternating": {str(k): round(v / costs[1], 3) for k, v in alternating.items()},
+        "verify_threads": diag.verify_threads,
+    }
+    threads = diag.threads_now
+    if diag.verify_threads == "decode" and threads[0] != threads[1]:
+        note("speculation: cost of a verify batch on the prefill threads")
+        on_prefill = diag.verify_batch_costs(novel, BATCH_SIZES, max(repeats, 5), prefill_threads=True)
+        rows["cost_on_prefill_threads"] = {str(k): round(v / costs[1], 3) for k, v in on_prefill.items()}
+    diag.reset()
+    return costs, rows
+
+
+def _replay(
+    diag: Diagnostics, decode_tokens: int, repeats: int, note: Callable[[str], None]
+) -> dict[str, Any]:
     """The novel prompt's greedy reply decoded plain, then with speculation drafting from that
-    reply (`Engine.spec_replay`): the best case this backend allows, on any model."""
+    reply (`Diagnostics.spec_replay`): the best case this backend allows, on any model."""
     results = []
     for i in range(repeats):
         note(f"speculation: replay ({i + 1}/{repeats})")
-        engine.reset()
-        results.append(engine.spec_replay(workloads()["novel"], decode_tokens))
+        diag.reset()
+        results.append(diag.spec_replay(workloads()["novel"], decode_tokens))
     off = [(r.tokens - 1) / r.plain_s for r in results]
     on = [(r.tokens - 1) / r.spec_s for r in results]
     c = results[-1].counters

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from ..prompt.chat_template import ChatMessage
+from .. import ChatMessage, SpecSourceError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WORD = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z_][A-Za-z0-9_]*")  # each whole name in a text
@@ -52,10 +52,6 @@ _FENCES = {
     ".swift": "swift",
     ".zig": "zig",
 }
-
-
-class SpecSourceError(ValueError):
-    """The file or the rename cannot make a copy-edit workload (one line for the user)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,8 +57,8 @@ CHUNK = 16 << 20
 def payload_digest(data: Any, threads: int | None = None) -> str:
     """SHA-256 over the SHA-256 digests of the payload's 16 MiB chunks, hashed in parallel.
 
-    A state is hundreds of MB and the check sits on the resume path (time to first token): one
-    SHA-256 stream runs at ~1.7 GB/s here, so the chunks are hashed on all usable cores
+    A state is hundreds of MB and the check sits on the resume path (time to first token), where
+    one SHA-256 stream would be the bottleneck, so the chunks are hashed on all usable cores
     (hashlib releases the GIL). Any changed byte still changes the digest."""
     view = memoryview(data).cast("B")
     chunks = [view[i : i + CHUNK] for i in range(0, len(view), CHUNK)] or [view]

@@ -361,8 +361,8 @@ class DiskTier:
     def _write(self, job: _Job) -> None:
         # Hashing runs here, in the writer thread (hashlib releases the GIL), not on the
         # engine's thread before the first token; on one core, at the writer's low priority: a
-        # write usually overlaps the next decode, and hashing on every core beside it cost a
-        # short reply on 2 cores about 6% (0.35 of 5.8 s). Verifying at restore, on the way to
+        # write usually overlaps the next decode, and hashing on every core beside it takes
+        # cores from that decode on a small machine. Verifying at restore, on the way to
         # the first token, still hashes on every core.
         header = cf.CheckpointHeader(
             model_fingerprint=self.fingerprint,

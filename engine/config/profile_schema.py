@@ -109,7 +109,7 @@ class ModelSettings:
     # The trade-off (docs/fit.md): mapped weights live in the page cache, so a model already
     # cached starts fastest on the CPU, but the kernel may evict its pages under memory pressure
     # and read them back from disk; false reads each tensor into its own buffer, the fast way to
-    # load layers onto a GPU (a Spark was reported loading about 10x faster). A lazily read PLE
+    # load layers onto a GPU (docs/results/fit.md has what a Spark reported). A lazily read PLE
     # table (`lazy_ple`) stays mapped either way. The doc line stays one line: the settings
     # screen shows it under the field.
     use_mmap: bool = setting(True, "Map the GGUF instead of reading it into RAM.", reload="model")
@@ -139,7 +139,7 @@ class ModelSettings:
         '(CUDA\'s device scheduling flag): "spin" polls (what CUDA does by default; beside busy '
         "processes the polling thread is time-sliced against them while the GPU waits for it), "
         '"yield" polls but yields the core between polls, "block" sleeps until the GPU is done. '
-        '"auto": CUDA\'s default for now (not yet measured against "block" on a GPU). Applies '
+        '"auto": CUDA\'s default, which lost nothing to "block" or "yield" where measured. Applies '
         "to the whole process; ignored without CUDA (docs/threads.md).",
         choices=("auto", "spin", "yield", "block"),
         reload="model",
@@ -202,7 +202,7 @@ class ContextSettings:
         True,
         "Keep llama.cpp's worker threads between steps (persistent ggml thread pools, attached "
         "to the context). false: llama.cpp starts and joins its threads for every step, as "
-        "llama-cpp-python does by default (4-5% slower decode on 2 cores).",
+        "llama-cpp-python does by default (slower decode, and worse beside busy processes).",
         reload="context",
     )
     thread_poll: int = setting(
@@ -295,13 +295,12 @@ class SpeculationSettings:
     allow_batch_rounding: bool = setting(
         False,
         "Also speculate where a verify batch's logits are not bit-identical to one-token "
-        "steps': with layers on a GPU (CUDA computes a batch with other kernels: measured on "
-        "an H200, logits differ by up to 2.9 for SmolLM2 Q4_1 and 0.023 for a small f32 "
-        "model), on hybrid models (a batch takes the recurrence's chunked path: 6e-4 on "
-        "the CPU), and on the CPU with decode on more than one thread or without flash "
-        "attention (one token's attention is summed otherwise than a batch's), with weights "
-        "other than Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (K-quants: up to 3.1) or on a CPU other than "
-        "x86_64 (not measured). The output is "
+        "steps': with layers on a GPU (CUDA computes a batch with other kernels), on hybrid "
+        "models (a batch takes the recurrence's chunked path), and on the CPU with decode on "
+        "more than one thread or without flash attention (one token's attention is summed "
+        "otherwise than a batch's), with weights other than Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 (K-quants, "
+        "IQ4 and float weights take other batch kernels) or on a CPU other than x86_64 (not "
+        "checked). The output is "
         "then the model's up to that rounding: greedy text can take "
         "another token where the two best logits are that close, and then goes on differently.",
         reload="context",
@@ -347,18 +346,16 @@ class SpeculationSettings:
         "a turn's first drafts are priced from measurements instead of `batch_cost_prior` "
         "(a turn still times them again, and a cost it carries is never dearer than the prior). "
         "auto: only with every layer on a GPU, where a batch costs about the same at any context "
-        "length and a new graph is the largest cost (an H200 replaying a reply: 1.6-2.8x "
-        "against 1.07-1.09x learnt per turn); on a CPU a verify row's attention grows with the "
-        "context, so costs timed in one turn misprice the next (measured: 4-11% slower).",
+        "length and a new graph is the largest cost; on a CPU a verify row's attention grows "
+        "with the context, so costs timed in one turn misprice the next (docs/speculation.md).",
         choices=("auto", "on", "off"),
     )
     warm_up: bool = setting(
         True,
         "With layers on a GPU, decode a verify batch of every size twice when the context is "
         "made, so the GPU loads each size's kernels and captures its CUDA graph before the "
-        "first turn instead of in it (measured on an H200, the tiny qwen4exp replaying a reply: "
-        "a context's first run 2,701 tok/s without it, 3,542 with, later runs alike). Costs "
-        "2 x (max_draft + 1) small batches at load.",
+        "first turn instead of in it (without it, a context's first speculative reply pays all "
+        "of that). Costs 2 x (max_draft + 1) small batches at load.",
         reload="context",
     )
 

@@ -20,16 +20,13 @@ from typing import Any
 
 from . import locations
 from ..atomic_file import atomic_write_text
+from ..errors import ProfileError
 from .profile_schema import SECTIONS, Profile, value_type
 
 log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 TOP_LEVEL_KEYS = ("description", "system_prompt")
-
-
-class ProfileError(ValueError):
-    """A profile that cannot be used; the message is one line naming the profile and field."""
 
 
 @dataclass(frozen=True)

@@ -6,3 +6,43 @@ and the profile into terms (weights by placement, KV cache, recurrent state, com
 checkpoints, the PLE table), `machine` reads the memory the machine has, `report` decides and
 draws the table, and `residency` says how much of a file range is in the page cache.
 """
+
+from ..scheduling.cpu_group import CpuGroup, neighbours_cores
+from ..scheduling.cpu_group import probe as probe_cpu_group
+from .sizes import fmt
+from .machine import Machine, cpu_flags, gpus, load_average, meminfo
+from .machine import probe as probe_machine
+from .model_facts import ModelFacts, read_facts
+from .report import FitReport
+from .report import check as check_profile
+from .residency import WARM_BELOW, Residency, resident
+from .residency import warm as warm_page_cache
+from .weights import X86_64, model_weight_types, weight_rounding
+
+__all__ = [
+    # the check
+    "FitReport",
+    "check_profile",
+    "fmt",
+    # the machine
+    "CpuGroup",
+    "Machine",
+    "cpu_flags",
+    "gpus",
+    "load_average",
+    "meminfo",
+    "neighbours_cores",
+    "probe_cpu_group",
+    "probe_machine",
+    # the model's files
+    "ModelFacts",
+    "X86_64",
+    "model_weight_types",
+    "read_facts",
+    "weight_rounding",
+    # the page cache
+    "WARM_BELOW",
+    "Residency",
+    "resident",
+    "warm_page_cache",
+]

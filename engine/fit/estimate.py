@@ -31,6 +31,7 @@ N_CTX_PAD = 256  # llama.cpp pads n_ctx to this
 LAZY_AUTO_MIN = 4 * GIB  # lazy_mode "auto" keeps a PLE table this large on mmap
 CUDA_CONTEXT = 512 * MIB  # the CUDA runtime's own context and kernels (an estimate)
 RESERVE = 1 * GIB  # kept free: a machine with nothing available stalls instead of failing
+N_SEQ = 1  # the engine runs one sequence
 
 RAM, GPU, CACHE = "RAM", "GPU", "page cache"
 
@@ -138,110 +139,155 @@ def estimate(
     place = Placement.of(facts.n_layer, profile.model.n_gpu_layers, gpu_offload)
     ple_gpu = ple_gpu and place.any_gpu
     lazy = ple_lazy(profile, facts, integrated_gpu and place.any_gpu)
-    terms: list[Term] = []
-    ctx = profile.context
     n_ctx = n_ctx_of(profile, facts)
-    n_seq = 1  # the engine runs one sequence
+    split = WeightSplit.of(facts, place, ple_gpu)
+    terms = [
+        _cpu_weights(profile, facts, split, lazy),
+        *_gpu_weights(profile, facts, split),
+        *_ple_table(profile, facts, lazy),
+        *_kv_cache(profile, facts, place, n_ctx),
+        *_recurrent_state(profile, facts, place),
+        *_buffers(profile, facts, split, n_ctx),
+    ]
+    return terms + _checkpoints(profile, facts, terms)
 
-    # -- weights
-    gpu_layers = [il for il in range(facts.n_layer) if place.on_gpu(il)]
-    cpu_layers = [il for il in range(facts.n_layer) if not place.on_gpu(il)]
-    out_gpu = place.on_gpu(facts.n_layer)
-    embd_gpu = facts.token_embd_bytes if ple_gpu else 0  # the GPU gather's tensor override
-    # llama.cpp keeps the recurrent layers' conv weights on the CPU where CUDA's conv cannot
-    # take their channel count (it checks each weight's op on the layer's device)
-    conv_cpu_always = place.any_gpu and bool(facts.recurrent_layers) and not cuda_ssm_conv(facts)
-    conv_per_layer = facts.ssm_conv_bytes // max(len(facts.recurrent_layers), 1)
-    conv_moved = conv_per_layer * len([il for il in gpu_layers if il in facts.recurrent_layers])
-    conv_moved = conv_moved if conv_cpu_always else 0
-    cpu_w = facts.input_bytes - embd_gpu + sum(facts.layer_bytes[il] for il in cpu_layers) + conv_moved
-    cpu_w += 0 if out_gpu else facts.output_bytes
-    how = "mmap, must stay in the page cache" if profile.model.use_mmap else "read into RAM"
-    with_input = " + input" if facts.input_bytes > embd_gpu else ""
-    logged = None
-    if profile.model.use_mmap and place.any_gpu:
 
-        def on_cpu(group: str) -> bool:
-            layer, _, part = group.partition(":")
-            if layer.isdigit():
-                return not place.on_gpu(int(layer)) or (part == "ssm_conv" and conv_cpu_always)
-            return {"token_embd": not ple_gpu, "ple": not lazy, "output": not out_gpu}.get(group, True)
+@dataclass(frozen=True)
+class WeightSplit:
+    """Which weights llama.cpp puts on the CPU and which on the GPU."""
 
-        logged = mapped_span(facts, on_cpu) - (0 if lazy else facts.ple_bytes)
-        how += f"; llama.cpp maps {fmt(logged + (0 if lazy else facts.ple_bytes))} (`mapped_span`)"
-    terms.append(
-        Term(
-            "weights_cpu",
-            f"weights on the CPU ({len(cpu_layers)} layers{'' if out_gpu else ' + output'}{with_input})",
-            cpu_w,
-            RAM,
-            f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s)"
-            + (f" (+ {size(conv_moved)} conv weights CUDA's conv cannot take)" if conv_moved else "")
-            + f"; {how}",
-            logged,
+    place: Placement
+    gpu_layers: list[int]
+    cpu_layers: list[int]
+    out_gpu: bool  # the output layer is on the GPU
+    ple_gpu: bool  # the PLE rows are gathered on the GPU
+    embd_gpu: int  # token-embedding bytes on the GPU (the GPU gather's tensor override)
+    conv_cpu_always: bool  # recurrent conv weights stay on the CPU whatever their layer's device
+    conv_moved: int  # conv weights of GPU layers kept on the CPU for that reason
+
+    @classmethod
+    def of(cls, facts: ModelFacts, place: Placement, ple_gpu: bool) -> WeightSplit:
+        gpu_layers = [il for il in range(facts.n_layer) if place.on_gpu(il)]
+        # llama.cpp keeps the recurrent layers' conv weights on the CPU where CUDA's conv cannot
+        # take their channel count (it checks each weight's op on the layer's device)
+        conv_cpu_always = place.any_gpu and bool(facts.recurrent_layers) and not cuda_ssm_conv(facts)
+        conv_per_layer = facts.ssm_conv_bytes // max(len(facts.recurrent_layers), 1)
+        conv_moved = conv_per_layer * len([il for il in gpu_layers if il in facts.recurrent_layers])
+        return cls(
+            place,
+            gpu_layers,
+            [il for il in range(facts.n_layer) if not place.on_gpu(il)],
+            place.on_gpu(facts.n_layer),
+            ple_gpu,
+            facts.token_embd_bytes if ple_gpu else 0,
+            conv_cpu_always,
+            conv_moved if conv_cpu_always else 0,
         )
+
+    def tensor_on_cpu(self, group: str, lazy: bool) -> bool:
+        """Whether a tensor group (`ModelFacts.spans`: "12:ssm_conv", "token_embd", ...) is
+        read on the CPU."""
+        layer, _, part = group.partition(":")
+        if layer.isdigit():
+            return not self.place.on_gpu(int(layer)) or (part == "ssm_conv" and self.conv_cpu_always)
+        return {"token_embd": not self.ple_gpu, "ple": not lazy, "output": not self.out_gpu}.get(group, True)
+
+
+def _cpu_weights(profile: Profile, facts: ModelFacts, split: WeightSplit, lazy: bool) -> Term:
+    cpu_w = (
+        facts.input_bytes
+        - split.embd_gpu
+        + sum(facts.layer_bytes[il] for il in split.cpu_layers)
+        + split.conv_moved
     )
-    if place.any_gpu:
-        gpu_w = sum(facts.layer_bytes[il] for il in gpu_layers) + (facts.output_bytes if out_gpu else 0)
-        tied = out_gpu and facts.tied_output
-        gpu_w += (facts.token_embd_bytes if tied else 0) + embd_gpu - conv_moved
-        terms.append(
-            Term(
-                "weights_gpu",
-                f"weights on the GPU ({len(gpu_layers)} layers{' + output' if out_gpu else ''}"
-                f"{' + token_embd' if embd_gpu else ''})",
-                gpu_w,
-                GPU,
-                f"n_gpu_layers {profile.model.n_gpu_layers}: layers {gpu_layers[0] if gpu_layers else '-'}"
-                f"..{facts.n_layer - 1}"
-                + (" (+ token_embd again: tied output head)" if tied else "")
-                + (" (+ token_embd: moved there for the GPU PLE gather)" if embd_gpu else ""),
-            )
-        )
-    if facts.ple_bytes:
-        if lazy:
-            terms.append(
-                Term(
-                    "ple", "PLE table (lazy mmap)", facts.ple_bytes, CACHE, "rows read on demand; reclaimable"
-                )
-            )
-        else:
-            terms.append(
-                Term(
-                    "ple",
-                    "PLE table (read at load)",
-                    facts.ple_bytes,
-                    RAM,
-                    f"lazy_ple {profile.model.lazy_ple!r}",
-                )
-            )
+    cpu_w += 0 if split.out_gpu else facts.output_bytes
+    how = "mmap, must stay in the page cache" if profile.model.use_mmap else "read into RAM"
+    with_input = " + input" if facts.input_bytes > split.embd_gpu else ""
+    logged = None
+    if profile.model.use_mmap and split.place.any_gpu:
+        logged = mapped_span(facts, lambda group: split.tensor_on_cpu(group, lazy))
+        logged -= 0 if lazy else facts.ple_bytes
+        how += f"; llama.cpp maps {fmt(logged + (0 if lazy else facts.ple_bytes))} (`mapped_span`)"
+    conv = split.conv_moved
+    output = "" if split.out_gpu else " + output"
+    return Term(
+        "weights_cpu",
+        f"weights on the CPU ({len(split.cpu_layers)} layers{output}{with_input})",
+        cpu_w,
+        RAM,
+        f"tensor sizes from the GGUF tables of {len(facts.shards)} shard(s)"
+        + (f" (+ {size(conv)} conv weights CUDA's conv cannot take)" if conv else "")
+        + f"; {how}",
+        logged,
+    )
 
-    # -- KV cache: attention layers only
+
+def _gpu_weights(profile: Profile, facts: ModelFacts, split: WeightSplit) -> list[Term]:
+    if not split.place.any_gpu:
+        return []
+    gpu_layers, out_gpu, embd_gpu = split.gpu_layers, split.out_gpu, split.embd_gpu
+    gpu_w = sum(facts.layer_bytes[il] for il in gpu_layers) + (facts.output_bytes if out_gpu else 0)
+    tied = out_gpu and facts.tied_output
+    gpu_w += (facts.token_embd_bytes if tied else 0) + embd_gpu - split.conv_moved
+    return [
+        Term(
+            "weights_gpu",
+            f"weights on the GPU ({len(gpu_layers)} layers{' + output' if out_gpu else ''}"
+            f"{' + token_embd' if embd_gpu else ''})",
+            gpu_w,
+            GPU,
+            f"n_gpu_layers {profile.model.n_gpu_layers}: layers {gpu_layers[0] if gpu_layers else '-'}"
+            f"..{facts.n_layer - 1}"
+            + (" (+ token_embd again: tied output head)" if tied else "")
+            + (" (+ token_embd: moved there for the GPU PLE gather)" if embd_gpu else ""),
+        )
+    ]
+
+
+def _ple_table(profile: Profile, facts: ModelFacts, lazy: bool) -> list[Term]:
+    if not facts.ple_bytes:
+        return []
+    if lazy:
+        return [
+            Term("ple", "PLE table (lazy mmap)", facts.ple_bytes, CACHE, "rows read on demand; reclaimable")
+        ]
+    return [
+        Term("ple", "PLE table (read at load)", facts.ple_bytes, RAM, f"lazy_ple {profile.model.lazy_ple!r}")
+    ]
+
+
+def _kv_cache(profile: Profile, facts: ModelFacts, place: Placement, n_ctx: int) -> list[Term]:
+    """The KV cache: attention layers only."""
+    if not facts.kv_layers:
+        return []
+    ctx = profile.context
     kv_cpu = kv_gpu = 0
     for il, kw, vw in zip(facts.kv_layers, facts.kv_k_width, facts.kv_v_width, strict=True):
         per_cell = row_bytes(ctx.type_k, kw) + row_bytes(ctx.type_v, vw)
         if facts.indexer_key_length and facts.indexer_heads:
             per_cell += row_bytes(ctx.type_k, facts.indexer_key_length)
         if place.on_gpu(il):
-            kv_gpu += n_ctx * n_seq * per_cell
+            kv_gpu += n_ctx * N_SEQ * per_cell
         else:
-            kv_cpu += n_ctx * n_seq * per_cell
-    if facts.kv_layers:
-        kw0, vw0 = facts.kv_k_width[0], facts.kv_v_width[0]
-        formula = (
-            f"{n_ctx:,} cells x {len(facts.kv_layers)} attention layers of {facts.n_layer} x "
-            f"(K {kw0} x {ctx.type_k} + V {vw0} x {ctx.type_v}"
-            + (f" + indexer K {facts.indexer_key_length} x {ctx.type_k}" if facts.indexer_key_length else "")
-            + ")"
-        )
-        for key, nbytes, where in (("kv_cpu", kv_cpu, RAM), ("kv_gpu", kv_gpu, GPU)):
-            if nbytes:
-                terms.append(
-                    Term(key, f"KV cache ({where if where == GPU else 'CPU'})", nbytes, where, formula)
-                )
+            kv_cpu += n_ctx * N_SEQ * per_cell
+    kw0, vw0 = facts.kv_k_width[0], facts.kv_v_width[0]
+    formula = (
+        f"{n_ctx:,} cells x {len(facts.kv_layers)} attention layers of {facts.n_layer} x "
+        f"(K {kw0} x {ctx.type_k} + V {vw0} x {ctx.type_v}"
+        + (f" + indexer K {facts.indexer_key_length} x {ctx.type_k}" if facts.indexer_key_length else "")
+        + ")"
+    )
+    return [
+        Term(key, f"KV cache ({where if where == GPU else 'CPU'})", nbytes, where, formula)
+        for key, nbytes, where in (("kv_cpu", kv_cpu, RAM), ("kv_gpu", kv_gpu, GPU))
+        if nbytes
+    ]
 
-    # -- recurrent state
-    rows = n_seq * (1 + n_rs_seq_of(profile, facts))
+
+def _recurrent_state(profile: Profile, facts: ModelFacts, place: Placement) -> list[Term]:
+    if not facts.recurrent_layers:
+        return []
+    rows = N_SEQ * (1 + n_rs_seq_of(profile, facts))
     rs_cpu = rs_gpu = 0
     ple_layer_state = facts.ple_conv_state * 4 * rows
     for i, il in enumerate(facts.recurrent_layers):
@@ -250,58 +296,61 @@ def estimate(
             rs_gpu += nbytes
         else:
             rs_cpu += nbytes
-    if facts.recurrent_layers:
-        formula = (
-            f"{len(facts.recurrent_layers)} recurrent layers x (conv {facts.n_embd_r:,} + ssm "
-            f"{facts.n_embd_s:,}) x 4 B x {n_seq} seq x (1 + n_rs_seq {rows // n_seq - 1})"
-            + (f" + PLE conv {facts.ple_conv_state:,} x 4 B" if facts.ple_conv_state else "")
-        )
-        for key, nbytes, where in (("rs_cpu", rs_cpu, RAM), ("rs_gpu", rs_gpu, GPU)):
-            if nbytes:
-                terms.append(
-                    Term(key, f"recurrent state ({where if where == GPU else 'CPU'})", nbytes, where, formula)
-                )
+    formula = (
+        f"{len(facts.recurrent_layers)} recurrent layers x (conv {facts.n_embd_r:,} + ssm "
+        f"{facts.n_embd_s:,}) x 4 B x {N_SEQ} seq x (1 + n_rs_seq {rows // N_SEQ - 1})"
+        + (f" + PLE conv {facts.ple_conv_state:,} x 4 B" if facts.ple_conv_state else "")
+    )
+    return [
+        Term(key, f"recurrent state ({where if where == GPU else 'CPU'})", nbytes, where, formula)
+        for key, nbytes, where in (("rs_cpu", rs_cpu, RAM), ("rs_gpu", rs_gpu, GPU))
+        if nbytes
+    ]
 
-    # -- output and compute buffers
-    terms.append(Term("output", "logits output", facts.n_vocab * 4 * n_seq, RAM, f"{facts.n_vocab:,} x 4 B"))
-    if out_gpu:
-        comp, formula = compute_bytes(profile, facts, n_ctx, cuda=True)
-        terms.append(Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula))
-        inputs, inputs_f = graph_inputs(profile, facts, n_ctx)
-        if cpu_layers:  # the CPU runs whole layers too: its own peak, not measured on a GPU machine
-            work, work_f = compute_bytes(profile, facts, n_ctx)
-            work_f = f"the CPU layers' {work_f} (not measured with a GPU)"
-        else:
-            work, work_f = cpu_split(profile, facts, ple_gpu)
-        if fa_on_cpu(profile, facts, cuda=True):  # one more CPU split: the largest counts
-            fa_extra, fa_f = attention_on_cpu(profile, facts, n_ctx)
-            work, work_f = max(work, fa_extra), f"the larger of {work_f} and {fa_f}"
-        terms.append(
-            Term(
-                "compute_cpu",
-                "compute buffer (CPU side, pinned)",
-                inputs + work,
-                RAM,
-                f"graph inputs {inputs_f} = {fmt(inputs)}; {work_f}",
-            )
-        )
-        terms.append(Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"))
-    else:
+
+def _buffers(profile: Profile, facts: ModelFacts, split: WeightSplit, n_ctx: int) -> list[Term]:
+    """The logits output and the compute buffers."""
+    output = Term("output", "logits output", facts.n_vocab * 4 * N_SEQ, RAM, f"{facts.n_vocab:,} x 4 B")
+    if not split.out_gpu:
         comp, formula = compute_bytes(profile, facts, n_ctx)
-        terms.append(Term("compute_cpu", "compute buffer (CPU)", comp, RAM, formula))
+        return [output, Term("compute_cpu", "compute buffer (CPU)", comp, RAM, formula)]
+    comp, formula = compute_bytes(profile, facts, n_ctx, cuda=True)
+    inputs, inputs_f = graph_inputs(profile, facts, n_ctx)
+    if split.cpu_layers:  # the CPU runs whole layers too: its own peak, not measured on a GPU machine
+        work, work_f = compute_bytes(profile, facts, n_ctx)
+        work_f = f"the CPU layers' {work_f} (not measured with a GPU)"
+    else:
+        work, work_f = cpu_split(profile, facts, split.ple_gpu)
+    if fa_on_cpu(profile, facts, cuda=True):  # one more CPU split: the largest counts
+        fa_extra, fa_f = attention_on_cpu(profile, facts, n_ctx)
+        work, work_f = max(work, fa_extra), f"the larger of {work_f} and {fa_f}"
+    return [
+        output,
+        Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula),
+        Term(
+            "compute_cpu",
+            "compute buffer (CPU side, pinned)",
+            inputs + work,
+            RAM,
+            f"graph inputs {inputs_f} = {fmt(inputs)}; {work_f}",
+        ),
+        Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"),
+    ]
 
-    # -- checkpoints
+
+def _checkpoints(profile: Profile, facts: ModelFacts, terms: list[Term]) -> list[Term]:
+    """The checkpoints' RAM: the budget plus two states (the KV and recurrent terms) past it."""
     cp = profile.checkpoints
-    if cp.enabled:
-        state = kv_cpu + kv_gpu + rs_cpu + rs_gpu
-        terms.append(
-            Term(
-                "checkpoints",
-                "checkpoints in RAM",
-                cp.ram_budget_mib * MIB + 2 * state,
-                RAM,
-                f"ram_budget_mib {cp.ram_budget_mib:,} + 2 states past it x {fmt(state)} "
-                + ("(KV + recurrent)" if facts.recurrent_layers else "(KV)"),
-            )
+    if not cp.enabled:
+        return []
+    state = sum(t.bytes for t in terms if t.key.startswith(("kv_", "rs_")))
+    return [
+        Term(
+            "checkpoints",
+            "checkpoints in RAM",
+            cp.ram_budget_mib * MIB + 2 * state,
+            RAM,
+            f"ram_budget_mib {cp.ram_budget_mib:,} + 2 states past it x {fmt(state)} "
+            + ("(KV + recurrent)" if facts.recurrent_layers else "(KV)"),
         )
-    return terms
+    ]

@@ -148,9 +148,8 @@ class LoadAverage:
     @property
     def busy_advice(self) -> str | None:
         """What to say when other work keeps every core busy. One decode thread then shares a
-        core with a busy process and gets about half of it: on the H200 with the model on the
-        GPU, one busy process per core kept 0.5-0.7 of idle decode, one core left free 0.9 and
-        half the cores 0.98 (docs/threads.md)."""
+        core with a busy process and gets about half of it; with one core left free it keeps
+        nearly its idle speed (docs/threads.md)."""
         if self.load1 < self.cores - 0.5:
             return None
         free = max(1, self.cores - 1)

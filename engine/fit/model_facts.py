@@ -10,7 +10,7 @@ the interval is the check: `attention_pattern_note`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,129 +106,206 @@ def read_facts(path: Path) -> ModelFacts:
     first = gguf_file.read_header(Path(path), small_arrays=4096)  # per-layer arrays kept
     headers = gguf_file.shard_headers(first)
     meta = first.metadata
-    arch = first.architecture
-    a = f"{arch}."
+    a = f"{first.architecture}."
     n_layer = _int(meta, a + "block_count")
     n_embd = _int(meta, a + "embedding_length")
-
-    layer_bytes = [0] * n_layer
-    input_bytes = output_bytes = token_embd = ple_bytes = ple_offset = 0
-    ple_shard: Path | None = None
-    names: dict[str, gguf_file.TensorInfo] = {}
-    layer_tensors: dict[int, set[str]] = {}
-    spans: list[Span] = []
-    conv_bytes = 0
-    for shard, h in enumerate(headers):
-        align = (
-            _int(h.metadata, "general.alignment", gguf_file.DEFAULT_ALIGNMENT) or gguf_file.DEFAULT_ALIGNMENT
-        )
-        for t in h.tensors:
-            names[t.name] = t
-            size = _padded(t, align)
-            m = _BLOCK.match(t.name)
-            if m and int(m.group(1)) < n_layer:
-                il = int(m.group(1))
-                layer_bytes[il] += size
-                layer_tensors.setdefault(il, set()).add(t.name[m.end() :])
-                group = str(il)
-                if t.name.endswith(".ssm_conv1d.weight"):
-                    conv_bytes += size
-                    group = f"{il}:ssm_conv"
-            elif t.name == PLE_TENSOR:
-                ple_bytes, ple_offset, ple_shard = size, h.data_offset + t.offset, h.path
-                group = "ple"
-            elif t.name.startswith(INPUT_TENSORS):
-                input_bytes += size
-                group = "input"
-                if t.name == "token_embd.weight":
-                    token_embd = size
-                    group = "token_embd"
-            else:
-                output_bytes += size
-                group = "output"
-            start = h.data_offset + t.offset
-            spans.append(Span(shard, group, start, start + (gguf_file.tensor_nbytes(t) or 0)))
-
-    embd = names.get("token_embd.weight")
+    t = _Tensors.of(headers, n_layer)
+    heads = _Heads.of(meta, a)
+    layers = _Layers.of(t, heads, n_layer, n_embd)
+    r = _Recurrent.of(meta, a, n_embd, t.ple_bytes)
+    embd = t.names.get("token_embd.weight")
     n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else _int(meta, a + "vocab_size")
-    key_length = _int(meta, a + "attention.key_length")
-    value_length = _int(meta, a + "attention.value_length", key_length)
-    n_head = _int(meta, a + "attention.head_count")
-    n_head_kv = _int(meta, a + "attention.head_count_kv", n_head)
-
-    recurrent, kv_layers, k_width, v_width = [], [], [], []
-    for il in range(n_layer):
-        parts = layer_tensors.get(il, set())
-        if any(p.startswith("ssm_") for p in parts):
-            recurrent.append(il)
-            continue
-        k = names.get(f"blk.{il}.attn_k.weight")
-        v = names.get(f"blk.{il}.attn_v.weight")
-        if k is not None and len(k.shape) > 1:
-            kv_layers.append(il)
-            k_width.append(k.shape[1])
-            v_width.append(v.shape[1] if v is not None and len(v.shape) > 1 else k.shape[1])
-        elif "attn_qkv.weight" in parts:  # fused: the widths from the metadata
-            head_k = key_length or (n_embd // max(n_head, 1))
-            head_v = value_length or head_k
-            kv_layers.append(il)
-            k_width.append(n_head_kv * head_k)
-            v_width.append(n_head_kv * head_v)
-
-    conv = _int(meta, a + "ssm.conv_kernel")
-    inner = _int(meta, a + "ssm.inner_size")
-    state = _int(meta, a + "ssm.state_size")
-    groups = _int(meta, a + "ssm.group_count")
-    n_embd_r = (conv - 1) * (inner + 2 * groups * state) if conv else 0
-    n_embd_s = state * inner
-    ple_conv = _int(meta, a + "ple.conv_kernel")
-    ple_ngram = _int(meta, a + "ple.ngram_size")
-    hc = _int(meta, a + "hyper_connection.count", 1)
-    ple_conv_state = (ple_conv - 1) * ple_ngram * hc * n_embd if (ple_conv and ple_bytes) else 0
-
-    note = _pattern_note(meta, a, n_layer, recurrent)
-    ratios = meta.get(a + "attention.compress_ratios")
-    ratios = ratios if isinstance(ratios, list) else [_int(meta, a + "attention.compress_ratios")]
-    used = [int(r) for il, r in enumerate(ratios) if r and (len(ratios) == 1 or il in kv_layers)]
+    indexer_heads = _int(meta, a + "attention.indexer.head_count")
     return ModelFacts(
         path=first.path,
-        architecture=arch,
+        architecture=first.architecture,
         shards=tuple(Shard(h.path, h.path.stat().st_size) for h in headers),
         n_layer=n_layer,
         n_embd=n_embd,
         n_vocab=int(n_vocab),
-        n_head=n_head or max(1, n_embd // max(key_length, 1)),
+        n_head=heads.n_head or max(1, n_embd // max(heads.key_length, 1)),
         n_ctx_train=_int(meta, a + "context_length"),
-        layer_bytes=tuple(layer_bytes),
-        input_bytes=input_bytes,
-        output_bytes=output_bytes,
-        tied_output="output.weight" not in names,
-        token_embd_bytes=token_embd,
-        ple_bytes=ple_bytes,
-        ple_offset=ple_offset,
-        ple_shard=ple_shard,
-        kv_layers=tuple(kv_layers),
-        kv_k_width=tuple(k_width),
-        kv_v_width=tuple(v_width),
-        recurrent_layers=tuple(recurrent),
-        n_embd_r=n_embd_r,
-        n_embd_s=n_embd_s,
-        ple_conv_state=ple_conv_state,
+        layer_bytes=tuple(t.layer_bytes),
+        input_bytes=t.input_bytes,
+        output_bytes=t.output_bytes,
+        tied_output="output.weight" not in t.names,
+        token_embd_bytes=t.token_embd,
+        ple_bytes=t.ple_bytes,
+        ple_offset=t.ple_offset,
+        ple_shard=t.ple_shard,
+        kv_layers=tuple(layers.kv_layers),
+        kv_k_width=tuple(layers.k_width),
+        kv_v_width=tuple(layers.v_width),
+        recurrent_layers=tuple(layers.recurrent),
+        n_embd_r=r.n_embd_r,
+        n_embd_s=r.n_embd_s,
+        ple_conv_state=r.ple_conv_state,
         indexer_key_length=_int(meta, a + "attention.indexer.key_length"),
-        indexer_heads=_int(meta, a + "attention.indexer.head_count"),
-        attention_pattern_note=note,
+        indexer_heads=indexer_heads,
+        attention_pattern_note=_pattern_note(meta, a, n_layer, layers.recurrent),
         n_pos_per_token=4 if a + "rope.dimension_sections" in meta else 1,
-        indexer_ratio=min(used) if used and _int(meta, a + "attention.indexer.head_count") else 0,
-        ple_heads=(ple_ngram - 1) * _int(meta, a + "ple.heads_per_ngram", 1) if ple_conv_state else 0,
-        ple_head_dim=_int(meta, a + "embedding_length_per_layer_input") if ple_bytes else 0,
-        hc=hc,
-        ssm_conv=conv,
-        ssm_channels=inner + 2 * groups * state if conv else 0,
-        ssm_conv_bytes=conv_bytes,
-        spans=tuple(spans),
-        head_dim_k=key_length or n_embd // max(n_head, 1),
-        head_dim_v=value_length or key_length or n_embd // max(n_head, 1),
+        indexer_ratio=_indexer_ratio(meta, a, layers.kv_layers) if indexer_heads else 0,
+        ple_heads=(r.ple_ngram - 1) * _int(meta, a + "ple.heads_per_ngram", 1) if r.ple_conv_state else 0,
+        ple_head_dim=_int(meta, a + "embedding_length_per_layer_input") if t.ple_bytes else 0,
+        hc=r.hc,
+        ssm_conv=r.conv,
+        ssm_channels=r.channels,
+        ssm_conv_bytes=t.conv_bytes,
+        spans=tuple(t.spans),
+        head_dim_k=heads.key_length or n_embd // max(heads.n_head, 1),
+        head_dim_v=heads.value_length or heads.key_length or n_embd // max(heads.n_head, 1),
     )
+
+
+@dataclass
+class _Tensors:
+    """What the shards' tensor tables say: every tensor by name, and the bytes of each part
+    of the model (the layers, the input, the PLE table, the output)."""
+
+    names: dict[str, gguf_file.TensorInfo] = field(default_factory=dict)
+    layer_bytes: list[int] = field(default_factory=list)
+    layer_tensors: dict[int, set[str]] = field(default_factory=dict)  # names after `blk.N.`
+    input_bytes: int = 0
+    output_bytes: int = 0
+    token_embd: int = 0
+    ple_bytes: int = 0
+    ple_offset: int = 0
+    ple_shard: Path | None = None
+    conv_bytes: int = 0
+    spans: list[Span] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, headers: list[gguf_file.GGUFHeader], n_layer: int) -> _Tensors:
+        out = cls(layer_bytes=[0] * n_layer)
+        for shard, h in enumerate(headers):
+            align = (
+                _int(h.metadata, "general.alignment", gguf_file.DEFAULT_ALIGNMENT)
+                or gguf_file.DEFAULT_ALIGNMENT
+            )
+            for t in h.tensors:
+                out.names[t.name] = t
+                group = out._add(t, _padded(t, align), h, n_layer)
+                start = h.data_offset + t.offset
+                out.spans.append(Span(shard, group, start, start + (gguf_file.tensor_nbytes(t) or 0)))
+        return out
+
+    def _add(self, t: gguf_file.TensorInfo, size: int, h: gguf_file.GGUFHeader, n_layer: int) -> str:
+        """Count one tensor of `size` bytes where it belongs; its `Span.group`."""
+        m = _BLOCK.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            il = int(m.group(1))
+            self.layer_bytes[il] += size
+            self.layer_tensors.setdefault(il, set()).add(t.name[m.end() :])
+            if t.name.endswith(".ssm_conv1d.weight"):
+                self.conv_bytes += size
+                return f"{il}:ssm_conv"
+            return str(il)
+        if t.name == PLE_TENSOR:
+            self.ple_bytes, self.ple_offset, self.ple_shard = size, h.data_offset + t.offset, h.path
+            return "ple"
+        if t.name.startswith(INPUT_TENSORS):
+            self.input_bytes += size
+            if t.name == "token_embd.weight":
+                self.token_embd = size
+                return "token_embd"
+            return "input"
+        self.output_bytes += size
+        return "output"
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """The attention heads' shapes from the metadata (0: not given)."""
+
+    key_length: int
+    value_length: int
+    n_head: int
+    n_head_kv: int
+
+    @classmethod
+    def of(cls, meta: dict[str, Any], a: str) -> _Heads:
+        key_length = _int(meta, a + "attention.key_length")
+        n_head = _int(meta, a + "attention.head_count")
+        return cls(
+            key_length,
+            _int(meta, a + "attention.value_length", key_length),
+            n_head,
+            _int(meta, a + "attention.head_count_kv", n_head),
+        )
+
+
+@dataclass
+class _Layers:
+    """Which layers keep a recurrent state and which a KV cache (with its K and V widths)."""
+
+    recurrent: list[int] = field(default_factory=list)
+    kv_layers: list[int] = field(default_factory=list)
+    k_width: list[int] = field(default_factory=list)
+    v_width: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, t: _Tensors, heads: _Heads, n_layer: int, n_embd: int) -> _Layers:
+        out = cls()
+        for il in range(n_layer):
+            parts = t.layer_tensors.get(il, set())
+            if any(p.startswith("ssm_") for p in parts):
+                out.recurrent.append(il)
+                continue
+            k = t.names.get(f"blk.{il}.attn_k.weight")
+            v = t.names.get(f"blk.{il}.attn_v.weight")
+            if k is not None and len(k.shape) > 1:
+                out._kv(il, k.shape[1], v.shape[1] if v is not None and len(v.shape) > 1 else k.shape[1])
+            elif "attn_qkv.weight" in parts:  # fused: the widths from the metadata
+                head_k = heads.key_length or (n_embd // max(heads.n_head, 1))
+                head_v = heads.value_length or head_k
+                out._kv(il, heads.n_head_kv * head_k, heads.n_head_kv * head_v)
+        return out
+
+    def _kv(self, il: int, k_width: int, v_width: int) -> None:
+        self.kv_layers.append(il)
+        self.k_width.append(k_width)
+        self.v_width.append(v_width)
+
+
+@dataclass(frozen=True)
+class _Recurrent:
+    """The recurrent layers' state and conv shapes, and the PLE layer's (qwen4exp)."""
+
+    conv: int  # ssm.conv_kernel
+    channels: int  # values per token the conv reads
+    n_embd_r: int
+    n_embd_s: int
+    hc: int
+    ple_ngram: int
+    ple_conv_state: int
+
+    @classmethod
+    def of(cls, meta: dict[str, Any], a: str, n_embd: int, ple_bytes: int) -> _Recurrent:
+        conv = _int(meta, a + "ssm.conv_kernel")
+        inner = _int(meta, a + "ssm.inner_size")
+        state = _int(meta, a + "ssm.state_size")
+        groups = _int(meta, a + "ssm.group_count")
+        ple_conv = _int(meta, a + "ple.conv_kernel")
+        ple_ngram = _int(meta, a + "ple.ngram_size")
+        hc = _int(meta, a + "hyper_connection.count", 1)
+        return cls(
+            conv=conv,
+            channels=inner + 2 * groups * state if conv else 0,
+            n_embd_r=(conv - 1) * (inner + 2 * groups * state) if conv else 0,
+            n_embd_s=state * inner,
+            hc=hc,
+            ple_ngram=ple_ngram,
+            ple_conv_state=(ple_conv - 1) * ple_ngram * hc * n_embd if (ple_conv and ple_bytes) else 0,
+        )
+
+
+def _indexer_ratio(meta: dict[str, Any], a: str, kv_layers: list[int]) -> int:
+    """Cells per indexer block: the smallest compress ratio of an attention layer (one ratio
+    for every layer, or one per layer), 0 without."""
+    ratios = meta.get(a + "attention.compress_ratios")
+    ratios = ratios if isinstance(ratios, list) else [_int(meta, a + "attention.compress_ratios")]
+    used = [int(r) for il, r in enumerate(ratios) if r and (len(ratios) == 1 or il in kv_layers)]
+    return min(used) if used else 0
 
 
 def _pattern_note(meta: dict[str, Any], a: str, n_layer: int, recurrent: list[int]) -> str:

@@ -161,20 +161,6 @@ class FitReport:
         }
 
 
-class DoesNotFit(ValueError):
-    """The profile's model does not fit in memory; the message is one line, `report` has the
-    table. A user error: the CLI refuses with exit 2 (`--force` loads anyway), the TUI asks."""
-
-    def __init__(self, report: FitReport) -> None:
-        self.report = report
-        fix = " or ".join(report.suggestions)
-        super().__init__(
-            f"the model does not fit in memory ({report.summary()})"
-            + (f"; to fit: {fix}" if fix else "")
-            + "; --force loads it anyway"
-        )
-
-
 def _report(profile: Profile, facts: ModelFacts, machine: Machine, ple_gpu: bool) -> FitReport:
     gpu = machine.gpu
     terms = estimate(

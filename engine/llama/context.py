@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ContextCreateError
 from .model import LlamaModel
 from ..config.profile_schema import ContextSettings
 from ..scheduling.threads import (
@@ -38,10 +39,6 @@ SEQ = 0
 
 class DecodeError(RuntimeError):
     """llama_decode failed; the message is one line for the user."""
-
-
-class ContextCreateError(RuntimeError):
-    pass
 
 
 __all__ = ["ContextCreateError", "DecodeError", "LlamaContext", "Perf", "resolve_threads", "usable_cores"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..errors import GGUFError
+
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
@@ -64,10 +66,6 @@ GGML_TYPE_NAMES = {
     35: "TQ2_0", 39: "MXFP4",
 }  # fmt: skip
 """ggml's type names (ggml.h `enum ggml_type`), for messages."""
-
-
-class GGUFError(ValueError):
-    """The file is not a usable GGUF; the message says why in one line."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..errors import ModelLoadError
 from . import gguf_file, log as llama_log, ple_provider
 from ..scheduling import gpu_wait
 from ..prompt.chat_template import ChatTemplate, ChatTemplateError
@@ -27,10 +28,6 @@ from ..prompt.tokens import PromptTokenizer, scan_vocab
 log = logging.getLogger(__name__)
 
 LAZY_MODES = {"off": 0, "auto": 1, "on": 2}
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be loaded; the message is one line meant for the user."""
 
 
 class LoadCancelled(ModelLoadError):
@@ -210,8 +207,9 @@ class LlamaModel:
         return tokens
 
     def close(self) -> None:
-        if getattr(self, "ple", None) is not None:
-            self.ple.close()  # unregisters before the model goes
+        ple = getattr(self, "ple", None)  # (None too where __init__ failed before setting it)
+        if ple is not None:
+            ple.close()  # unregisters before the model goes
             self.ple = None
         if getattr(self, "model", None):
             self._ll.llama_model_free(self.model)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from ...kernels.dequant import check_rows
-from .gguf_file import GGUFHeader
+from ...kernels.gguf_tensor import TableLocation, table_location
+from .gguf_file import GGUFHeader, read_header
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def _llama_lib() -> ctypes.CDLL:
     return ll._lib
 
 
-def provider_symbol() -> Any | None:
+def provider_symbol() -> Callable[..., None] | None:
     """`llama_model_set_ple_provider` of the loaded libllama, or None (an unpatched build)."""
     try:
         fn = _llama_lib().llama_model_set_ple_provider
@@ -157,6 +159,17 @@ class PlePlan:
     mode: str
     reason: str
     buft: int | None = None  # the CUDA buffer type for the token-embedding override
+
+
+def locate_tensor(path: str | Path, name: str = PLE_TENSOR) -> TableLocation:
+    """Where tensor `name`'s bytes lie in the GGUF at `path`: its header read here, the facts
+    handed to `kernels/` (raises KeyError for a missing tensor, ValueError for a type the
+    kernels do not decode)."""
+    header = read_header(Path(path))
+    info = header.tensor(name)
+    if info is None:
+        raise KeyError(f"{path}: no tensor named {name!r}")
+    return table_location(path, name, info.ggml_type, info.shape, header.data_offset + info.offset)
 
 
 def ple_layer(header: GGUFHeader) -> int | None:
@@ -228,7 +241,7 @@ class PleProvider:
     def __init__(self, model_path: Path, model_ptr: Any, native: bool | None = None) -> None:
         from ...kernels.ple_table import PleTable
 
-        self.table = PleTable.open(model_path)
+        self.table = PleTable(locate_tensor(model_path))
         self._warm_up()
         self._error: str | None = None
         self.calls = 0
@@ -236,7 +249,10 @@ class PleProvider:
         self.unordered_calls = 0  # calls without a stream from llama.cpp (each synchronizes)
         self._prepared: dict[tuple[int, int, int], Any] = {}
         self._streams: dict[int, Any] = {}
-        self._set = provider_symbol()
+        set_provider = provider_symbol()
+        if set_provider is None:
+            raise RuntimeError("this llama.cpp build lacks llama_model_set_ple_provider (unpatched)")
+        self._set = set_provider
         self._model = model_ptr
         self._cb = PROVIDER_FN(self._gather)
         self.native: NativeLauncher | None = None

@@ -68,11 +68,10 @@ class Sampler:
         and record it in the chain's history.
 
         Where the chain is greedy alone (temperature 0, no repeat penalty) this is the argmax
-        of the logits read in place: llama.cpp's sampler first copies the row into a candidate
-        array (39 against 4 µs a token for SmolLM2's 49,152-token vocabulary on a 2-core CPU,
-        9 against 3 for an 8,192-token one: on a GPU a 600 µs step loses 6% to the former).
-        The same token: both take the first of equal maxima, and a greedy chain keeps no
-        history."""
+        of the logits read in place: llama.cpp's sampler first copies the whole row into a
+        candidate array, which costs a fast GPU step a visible share of its time on a large
+        vocabulary (docs/results/speculation.md). The same token: both take the first of equal
+        maxima, and a greedy chain keeps no history."""
         if self._row is None:
             return self._ll.llama_sampler_sample(self.chain, ctx, i)
         addr = self._logits_addr(ctx, i)

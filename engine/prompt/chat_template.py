@@ -18,15 +18,12 @@ from typing import Any
 import jinja2
 from jinja2 import nodes
 
+from ..errors import ChatTemplateError
 from . import template_env
 from .segments import PromptSplitter, Segment
 from .thinking import ThinkingSupport, inspect_template
 
 _SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}
-
-
-class ChatTemplateError(ValueError):
-    """The model has no usable chat template, or rendering failed."""
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,10 @@ class ThinkingSupport:
             return enabled
         return self.default_on is not False
 
+    def thinks(self, settings: ReasoningSettings) -> bool:
+        """Whether a turn with these reasoning settings thinks (`is_on` of what they ask for)."""
+        return self.is_on(requested(settings)[0])
+
     def variables(self, enabled: bool | None, effort: str | None) -> dict[str, Any]:
         """The template variables for a turn. `enabled` None and `effort` None leave the
         template's defaults; a template without the control gets nothing for it."""
@@ -203,9 +207,9 @@ class ReasoningSplitter:
 
     The markers are not part of either. Newlines around the reasoning and before the answer are
     dropped (as the templates do when they split a reply: `strip('\\n')`, `lstrip('\\n')`), so
-    the pieces concatenate to `reasoning` and `answer`. A reply without a reasoning block is all
-    answer, byte for byte. `reasoning_tokens` counts the tokens from the opening marker to the
-    closing one, both included."""
+    the pieces concatenate to the reply's reasoning and answer (`reply.Reply` adds them up). A
+    reply without a reasoning block is all answer, byte for byte. `reasoning_tokens` counts the
+    tokens from the opening marker to the closing one, both included."""
 
     def __init__(
         self, open_marker: str = "<think>", close_marker: str = "</think>", *, inside: bool = False
@@ -215,24 +219,15 @@ class ReasoningSplitter:
         self._state = _REASONING if inside else _START
         self._held = ""  # text not yet given out: a marker may be starting, or trailing newlines
         self._pending = 0  # tokens held at the start (they count once the start is decided)
-        self._reasoning: list[str] = []
-        self._answer: list[str] = []
+        self._reasoned = False  # some reasoning text was given out
+        self._answered = False  # some answer text was given out
         self.reasoning_tokens = 0
-        self.first_answer_t: float | None = None
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(self._reasoning)
-
-    @property
-    def answer(self) -> str:
-        return "".join(self._answer)
 
     @property
     def in_reasoning(self) -> bool:
         return self._state == _REASONING
 
-    def feed(self, text: str, *, control: str = "", t: float | None = None) -> Piece:
+    def feed(self, text: str, *, control: str = "") -> Piece:
         """One sampled token: `text` is what it reads as, `control` the text of a control token
         (which reads as nothing), so a marker that is, or begins with, a control token is still
         recognised (Command A's `<|START_THINKING|>`, Gemma 4's `<|channel>` + `thought`)."""
@@ -253,11 +248,9 @@ class ReasoningSplitter:
             self._pending = 0
         if counted:
             self.reasoning_tokens += 1
-        if answer and self.first_answer_t is None:
-            self.first_answer_t = t
         return Piece(reasoning, answer, counted)
 
-    def finish(self, text: str = "", *, t: float | None = None) -> Piece:
+    def finish(self, text: str = "") -> Piece:
         """The reply ended (`text`: what the last token still had to say, if anything): give
         out what was held back, a partial marker as text."""
         reasoning, answer = self._take(text)
@@ -266,8 +259,6 @@ class ReasoningSplitter:
             reasoning += self._add_reasoning(held.rstrip("\n"))
         else:
             answer += self._add_answer(held)
-        if answer and self.first_answer_t is None:
-            self.first_answer_t = t
         return Piece(reasoning, answer, self._state == _REASONING)
 
     # -- pieces ---------------------------------------------------------------------------------
@@ -298,17 +289,15 @@ class ReasoningSplitter:
         return reasoning, answer
 
     def _add_reasoning(self, text: str) -> str:
-        if not self._reasoning:
+        if not self._reasoned:
             text = text.lstrip("\n")
-        if text:
-            self._reasoning.append(text)
+        self._reasoned = self._reasoned or bool(text)
         return text
 
     def _add_answer(self, text: str) -> str:
-        if not self._answer and self.had_reasoning:
+        if not self._answered and self.had_reasoning:
             text = text.lstrip("\n")
-        if text:
-            self._answer.append(text)
+        self._answered = self._answered or bool(text)
         return text
 
 

@@ -38,6 +38,15 @@ _RUN_CACHE_MIN_CHARS = 512
 _RUN_CACHE_TOKENS = 1 << 21  # 8 MiB of int32
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
     """The tokens message text must never produce, from the vocabulary."""
@@ -117,9 +126,9 @@ class PromptTokenizer:
         """Message text: never a control/unknown token nor a sequence-delimiting token.
 
         Long texts are remembered (least recently used first out, `_RUN_CACHE_TOKENS` tokens in
-        all): a turn tokenizes its conversation several times (the preview, the prompt, the
-        continuations `save_points.py` renders, the follow-up boundary), and the history's text
-        is the same every time. Tokenizing 140k tokens of history costs ~0.1 s."""
+        all): besides the prompt (`rendered.py` renders it once per turn), a turn tokenizes the
+        continuations `save_points.py` renders and the follow-up boundary, and the history's
+        text is the same in each."""
         if len(text) < _RUN_CACHE_MIN_CHARS:
             return self._plain(text)
         hit = self._runs.get(text)

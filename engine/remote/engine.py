@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..api import EngineFacts
+from ..api import EngineFacts, Turn
 from ..prompt.chat_template import ChatMessage
 from ..config.profile_schema import Profile, ReasoningSettings, SamplingSettings
-from ..engine import Turn
 from ..events import (
     EngineEvent,
     EngineWarning,
@@ -32,6 +31,7 @@ from ..events import (
     ModelLoading,
     PrefillProgress,
     ResumePreview,
+    ServerStats,
     TokenDelta,
     TurnDone,
     TurnFailed,
@@ -39,6 +39,7 @@ from ..events import (
     TurnStats,
 )
 from ..prompt.thinking import ThinkingSupport, requested
+from ..reply import Reply
 from .errors import RemoteError, describe, import_openai
 
 log = logging.getLogger(__name__)
@@ -170,13 +171,8 @@ class RemoteEngine(EngineFacts):
         self._info = ModelLoaded(
             path=f"{self.base_url} · {self._model}",
             architecture="remote",
-            n_params=int(meta.get("n_params") or 0),
-            size_bytes=int(meta.get("size") or 0),
             n_ctx=n_ctx,
-            n_threads=0,
-            hybrid=False,
             load_s=time.perf_counter() - t0,
-            threads=f"remote: {self.base_url}",
             fingerprint=f"remote:{self.base_url}#{self._model}",
         )
         emit(self._info)
@@ -203,8 +199,23 @@ class RemoteEngine(EngineFacts):
         reasoning: ReasoningSettings | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+    ) -> Turn:
+        return self._turn(
+            messages, sampling=sampling, reasoning=reasoning, max_tokens=max_tokens, cancel=cancel
+        )
+
+    def _turn(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        sampling: SamplingSettings | None = None,
+        reasoning: ReasoningSettings | None = None,
+        max_tokens: int | None = None,
+        cancel: threading.Event | None = None,
         ignore_eos: bool = False,
     ) -> Turn:
+        """`turn`, and `ignore_eos` asks the server to decode past end-of-generation tokens
+        (`velo-chat bench`'s decode section, through `diagnostics.turn_past_eos`)."""
         if self._client is None:
             raise RuntimeError("RemoteEngine.load() must be called before a turn")
         settings = sampling or self._profile.sampling
@@ -231,7 +242,7 @@ class RemoteEngine(EngineFacts):
                 yield from reader.feed(chunk)
         except Exception as exc:  # cut, garbage, timeout mid-stream: keep what came
             reason = str(self._describe(exc))
-            if not reader.text and not reader.reasoning:
+            if not reader.reply.text and not reader.reply.reasoning:
                 yield TurnFailed(reason, "", "")
                 return
             yield EngineWarning(f"the reply was cut: {reason}")
@@ -274,13 +285,7 @@ class _StreamReader:
 
     def __init__(self, t_start: float) -> None:
         self.t_start = t_start
-        self.text = ""
-        self.reasoning = ""
-        self.n_answer = 0
-        self.n_reasoning = 0
-        self.t_first: float | None = None
-        self.t_last: float | None = None
-        self.t_first_answer: float | None = None
+        self.reply = Reply()  # the streamed pieces: each a `TokenDelta`
         self.finish: str | None = None
         self.usage: dict[str, Any] = {}
         self.timings: dict[str, Any] = {}
@@ -304,48 +309,25 @@ class _StreamReader:
             delta = choice.get("delta") or {}
             thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
             answer = delta.get("content") or ""
-            if thought or answer:
-                if self.t_first is None:
-                    self.t_first = now
-                self.t_last = now
             if thought:
-                self.reasoning += thought
-                self.n_reasoning += 1
-                yield TokenDelta("", -1, now, thought, True)
+                yield self.reply.add(TokenDelta("", -1, now, thought, True))
             if answer:
-                if self.t_first_answer is None:
-                    self.t_first_answer = now
-                self.text += answer
-                self.n_answer += 1
-                yield TokenDelta(answer, -1, now)
+                yield self.reply.add(TokenDelta(answer, -1, now))
             if choice.get("finish_reason"):
                 self.finish = FINISH.get(choice["finish_reason"], str(choice["finish_reason"]))
 
     def done(self) -> TurnDone:
         end = time.perf_counter()
-        t = self.timings
-        u = self.usage
-        pieces = self.n_answer + self.n_reasoning
+        t, u, reply = self.timings, self.usage, self.reply
+        pieces = reply.n_tokens
         decode_tokens = int(u.get("completion_tokens") or t.get("predicted_n") or pieces)
         cached = int(t.get("cache_n") or (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         prompt_tokens = int(u.get("prompt_tokens") or (t.get("prompt_n", 0) + t.get("cache_n", 0)) or 0)
-        span = (self.t_last - self.t_first) if self.t_first is not None and self.t_last is not None else 0.0
+        t_first, t_last = reply.t_first, reply.t_last
+        span = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
         client_rate = (pieces - 1) / span if pieces > 1 and span > 0 else 0.0
-        server: dict[str, Any] = {"client_tok_s": round(client_rate, 2)}
-        for key in (
-            "prompt_n",
-            "cache_n",
-            "prompt_per_second",
-            "predicted_per_second",
-            "draft_n",
-            "draft_n_accepted",
-        ):
-            if key in t:
-                server[key] = t[key]
-        if u:
-            server["usage"] = u
         stats = TurnStats(
-            ttft_s=(self.t_first - self.t_start) if self.t_first is not None else 0.0,
+            ttft_s=(t_first - self.t_start) if t_first is not None else 0.0,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
             prefill_tokens=max(prompt_tokens - cached, 0),
@@ -354,16 +336,37 @@ class _StreamReader:
             decode_tokens=decode_tokens,
             decode_s=span,
             decode_tok_s=float(t.get("predicted_per_second") or client_rate),
-            graphs_reused=0,
-            llama_eval_ms=float(t.get("predicted_ms", 0.0)),
-            llama_prompt_eval_ms=float(t.get("prompt_ms", 0.0)),
-            wall_ms=span * 1000.0,
             total_s=end - self.t_start,
             finish_reason=self.finish or "stop",
-            checkpoint={"source": "server" if cached else "none"},
-            reasoning_tokens=self.n_reasoning if not u else min(self.n_reasoning, decode_tokens),
-            first_answer_s=(self.t_first_answer - self.t_start) if self.t_first_answer is not None else None,
+            source="server" if cached else "none",
+            reasoning_tokens=reply.n_reasoning if not u else min(reply.n_reasoning, decode_tokens),
+            first_answer_s=(reply.t_first_answer - self.t_start)
+            if reply.t_first_answer is not None
+            else None,
             backend="remote",
-            server=server,
+            server=_server_stats(t, u, client_rate),
         )
-        return TurnDone(self.text, stats, self.reasoning)
+        return TurnDone(reply.text, stats, reply.reasoning)
+
+
+def _server_stats(t: Mapping[str, Any], usage: Mapping[str, Any], client_rate: float) -> ServerStats:
+    """What the server reported: llama.cpp's server sends `timings`, most servers `usage`."""
+
+    def count(key: str) -> int | None:
+        return int(t[key]) if key in t else None
+
+    def number(key: str) -> float | None:
+        return t[key] if key in t else None  # as sent (an integer stays one)
+
+    return ServerStats(
+        client_tok_s=round(client_rate, 2),
+        prompt_n=count("prompt_n"),
+        cache_n=count("cache_n"),
+        prompt_ms=number("prompt_ms"),
+        prompt_per_second=number("prompt_per_second"),
+        predicted_ms=number("predicted_ms"),
+        predicted_per_second=number("predicted_per_second"),
+        draft_n=count("draft_n"),
+        draft_n_accepted=count("draft_n_accepted"),
+        usage=dict(usage) if usage else None,
+    )

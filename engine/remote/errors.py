@@ -11,9 +11,7 @@ import ssl
 from typing import Any
 from urllib.parse import urlsplit
 
-
-class RemoteError(RuntimeError):
-    """The server or the network refused a request; the message is one line for the user."""
+from ..errors import RemoteError
 
 
 class RemoteExtraMissing(RemoteError):

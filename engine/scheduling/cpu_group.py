@@ -5,8 +5,7 @@ Why it matters: Linux shares one CPU between the threads that want it, but with 
 cpu controller it shares first between sibling cgroups (equal weights by default) and only then
 between the threads inside each. One decode thread beside one busy process per core therefore
 gets half a core when it shares a cgroup with them, and most of a core when they run in a
-sibling cgroup: on the H200 (tiny model on the GPU, 16 busy processes on 16 cores) decode kept
-0.47-0.69 of its idle speed in the first case and 0.87-0.97 in the second (docs/threads.md).
+sibling cgroup (docs/threads.md; the measurements are in docs/results/threads.md).
 A desktop gives every terminal tab and app its own cgroup (a systemd scope), so a compile in
 another tab is a sibling; a compile in a pane of the same tmux server, or in the same shell, is
 not. `velo-chat doctor` reports which case holds; `velo-chat bench --load N --load-cgroup`
@@ -27,12 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import CgroupError
+
 ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
-
-
-class CgroupError(OSError):
-    """A cgroup could not be created or joined (one line, for the user)."""
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ contexts than the machine has cores, that is on every discrete-GPU machine that 
 ggml sets "spin" itself on the GB10 (DGX Spark) to avoid slow synchronizes there.
 
 `"auto"` sets `AUTO_MODE` on a discrete GPU and leaves an integrated one (DGX Spark, Jetson) as
-llama.cpp sets it. `AUTO_MODE` is None for now: "auto" keeps CUDA's default (and restores it
-after a load that set another mode) until "block" has been measured against "spin" on a GPU,
-idle and beside busy processes (`benchmarks/device_threads.sh`, docs/threads.md).
+llama.cpp sets it. `AUTO_MODE` is None: "auto" keeps CUDA's default (and restores it after a
+load that set another mode). With a fast model on a discrete GPU "block" was slower idle and no
+faster beside busy processes; a Spark's larger model may differ, which
+`benchmarks/device/device_threads.sh` and `velo-chat bench --load` measure (docs/threads.md).
 
 The flags are set through the CUDA runtime library that llama.cpp's CUDA backend uses (the
 `libcudart` already mapped into this process), after llama.cpp has initialised that backend

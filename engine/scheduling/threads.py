@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GPU_DECODE_THREADS = 1
-"""Decode threads `auto` gives a model with every layer on the GPU (measured on an H200 with
-1, 2, 4 and 16: docs/threads.md)."""
+"""Decode threads `auto` gives a model with every layer on the GPU: its token's CPU step is
+small, and waking a pool of threads for it costs more than the step (docs/threads.md)."""
 
 GGML_MAX_N_THREADS = 512
 
@@ -53,8 +53,8 @@ def usable_cores() -> int:
 
 def resolve_threads(requested: int | str, auto: int | None = None) -> int:
     """A thread setting as a count: `"auto"` is `auto` (default: the usable cores), 0 the usable
-    cores; never more than the usable cores (oversubscription made decode 35x slower on a
-    2-core machine)."""
+    cores; never more than the usable cores (oversubscribed, llama.cpp's threads wait for each
+    other at every op and decode collapses)."""
     cores = usable_cores()
     if requested == "auto":
         requested = auto if auto is not None else cores

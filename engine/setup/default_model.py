@@ -20,11 +20,15 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..config import locations
 from ..atomic_file import atomic_write, atomic_write_text
+from ..errors import DefaultModelMissing
 from . import requantize
+
+if TYPE_CHECKING:
+    from ..config.profile_schema import Profile
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,6 @@ FIX_COMMAND = "velo-chat fetch-model"
 BUILTIN = ("default", "default-q8_0")
 """The `model.path` values that name the embedded model (as shipped, and requantized to Q8_0)."""
 Q8_0_FILENAME = requantize.derived_name(Path(FILENAME), "q8_0")
-
-
-class DefaultModelMissing(RuntimeError):
-    """The default model is not on disk (or is corrupt) and could not be fetched."""
 
 
 def default_model_path() -> Path:
@@ -110,6 +110,15 @@ def require_builtin(raw: str) -> Path:
         raise DefaultModelMissing(f"the default model's Q8_0 copy could not be made: {exc}") from None
     _mark(target, made_from)
     return target
+
+
+def resolve_model_path(profile: Profile, override: str | Path | None = None) -> Path:
+    """The GGUF a profile points at: an explicit override, the embedded default (as shipped or
+    its Q8_0 copy, made here on first use), or a path."""
+    raw = str(override) if override is not None else profile.model.path
+    if raw in BUILTIN:
+        return require_builtin(raw)
+    return Path(raw).expanduser()
 
 
 def require_default_model() -> Path:

@@ -4,9 +4,9 @@ Why: on x86_64 ggml's CPU backend computes a batch of tokens (a prompt's prefill
 verify batch) with multi-token kernels (llamafile's tinyBLAS, the repacked GEMMs) only for some
 weight types: Q8_0, Q4_0, Q5_0, IQ4_NL, the float types, and through repacking Q4_0/Q4_K/IQ4_NL.
 Other types, Q4_1 among them (the embedded SmolLM2), are multiplied one token at a time, so a
-batch of 17 tokens costs about as much as 8 single steps on a 2-core CPU, and a verify batch can
-save little. Requantized to Q8_0 the same model's batch of 17 costs about 4.5 steps, prefill
-runs 1.5-1.9x faster, and a one-token step about 20% slower (docs/speculation.md has the runs).
+long batch costs nearly as much as its tokens one by one, and a verify batch can save little.
+Requantized to Q8_0 the same model's batches cost a fraction of that and prefill runs faster,
+while a one-token step is somewhat slower (docs/results/speculation.md has the runs).
 
 Q8_0 keeps 8 bits a weight, so a model stored at 4-6 bits loses nothing measurable and grows
 by about half; nothing below 8 bits is offered, because requantizing an already quantized model
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..llama import gguf_file, log as llama_log
 from ..atomic_file import atomic_produce
+from ..errors import RequantizeError
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,6 @@ _QUANT_TAG = re.compile(r"[.-]((I?Q\d[\w]*)|F16|BF16|F32)$", re.IGNORECASE)
 _TENSOR_DONE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
 """llama.cpp's quantizer logs one line per tensor, "[  12/ 272] blk.0.attn_k.weight - ...",
 finished once the tensor is written: what `requantize` reports progress from."""
-
-
-class RequantizeError(RuntimeError):
-    """The copy could not be made; the message says why in one line."""
 
 
 def derived_name(source: Path, to: str) -> str:

@@ -26,7 +26,7 @@ STEP_RATIO = 3.0
 """A stretch between two timed batch sizes whose cost per token is at least this many times its
 neighbours' holds a step: a backend switching kernels at a batch size (ggml-cuda multiplies a
 quantized matrix by at most 8 columns with its matrix-vector kernel, by more with the
-matrix-matrix one: SmolLM2 on an H200, 5 tokens 1.28 steps, 9 tokens 2.80, 17 tokens 3.14)."""
+matrix-matrix one, so a batch of 9 costs far more than one of 8)."""
 
 STEP_MIN = 0.5
 """...and rises by at least this many one-token steps (below it the rise is noise)."""
@@ -35,11 +35,11 @@ MAX_PROBES = 4
 """Sizes a turn may time inside steps (each probe may cost up to the step's rise once)."""
 
 MAX_REBUILD_SAMPLE = 5.0
-"""The most one timed step may say a new graph costs, in one-token steps (measured on an H200:
-2.7-3.9 with every layer on the GPU), for the same reason as `MAX_SLOPE_SAMPLE`."""
+"""The most one timed step may say a new graph costs, in one-token steps (above what a GPU with
+every layer on it times), for the same reason as `MAX_SLOPE_SAMPLE`."""
 
 MAX_STALE_SAMPLE = 8.0
-"""The same for a stale graph (`CostModel.stale`; an H200: about 3 steps for SmolLM2)."""
+"""The same for a stale graph (`CostModel.stale`)."""
 
 
 class CostModel:
@@ -51,63 +51,58 @@ class CostModel:
     the sizes below the smallest measured are read off a line fitted through the batch sizes
     alone. Not through the one-token step: a batch takes another path than a token (logits
     and sampling for every position; on a GPU other kernels), so a
-    batch of two costs much more than a token while each further token adds little. Measured on
-    the CPU (SmolLM2): 2 tokens 2.06 steps, 17 tokens 10.7; one slope through the one-token step,
-    learnt at the short drafts a turn starts with, said 1.06 a token, priced the 17-token batch
-    at 18 steps and stopped drafting where 17 tokens for 10.7 steps was a 1.6x gain.
+    batch of two costs much more than a token while each further token adds little. One slope
+    through the one-token step, learnt at the short drafts a turn starts with, would price a
+    long batch far too high and stop drafting where a long draft pays.
 
-    llama.cpp keeps one graph and reuses it while the batch shape stays the same; a call of
-    another size than the previous one builds its graph anew (`rebuild`, in one-token steps).
-    On the CPU that is small (SmolLM2: well under a step; the tiny qwen4exp's 0.2 ms step about
-    doubles); on an H200 with every layer on the GPU it dominates: a one-token step after a
-    verify batch costs 3.1-4.9 steps, a verify of 2 tokens after a plain step 3.5-4.9 against
-    1.14 back to back. `rebuild` is timed live from the one-token steps that follow a verify
-    batch, and the batch sizes' own costs are what is left of a batch's time after it.
+    llama.cpp keeps one graph and reuses it while the batch shape stays the same; a call of another
+    size than the previous one builds its graph anew (`rebuild`, in one-token steps). On the CPU
+    that is small against a step; with every layer on a GPU it dominates: a one-token step after a
+    verify batch, and a short verify after a plain step, cost several steps where the same calls
+    back to back cost about one. `rebuild` is timed live from the one-token steps that follow a
+    verify batch, and the batch sizes' own costs are what is left of a batch's time after it.
 
     Beyond the largest size measured the cost is taken as that size's (optimistic): where the
     acceptance is high enough for that to pay, the longest draft is tried and so measured, and
     the line then says what it costs. Before any batch is measured the profile's
     `batch_cost_prior` prices each extra token. A size timed once is priced no dearer than the
     prior, and at its second timing the lower of the two counts: the first batch of a size may
-    pay an allocation, a GPU backend may load kernels (measured: the first two-token verify of
-    a turn took over ten steps on the CPU), or a batch may be descheduled, and believed, one
+    pay an allocation, a GPU backend may load kernels, or a batch may be descheduled, and believed, one
     such time priced drafts out for the rest of the turn. (The first batch of each size used
     to be dropped instead; with new graphs priced, that kept a turn on the prior too long.)
 
-    **Steps.** A backend's cost is not a line: it switches kernels at batch sizes (ggml-cuda at
-    8 columns for quantized weights). Between two timed sizes whose cost per token is
-    `STEP_RATIO` times their neighbours' (and rises by `STEP_MIN` steps or more) there is a
-    step somewhere; interpolated, a size just below it looks dear and is never tried (SmolLM2 on
-    an H200: 8 tokens would read 2.4 steps between 5's 1.28 and 9's 2.80, and cost 1.43). The
-    powers of two inside such a stretch are priced as the lower end plus the neighbours' slope,
-    so where that pays the draft length rule tries one, it is timed, and the stretch narrows: a
-    search that finds the cheap power of two below a step in a verify batch or two, at most
-    `MAX_PROBES` a turn. (A bisection, tried first, missed it on the H200: between 2 and 9 the
-    middle is 5, which 17 tokens for 3.2 steps beat, so it was never tried, and 8 with it.) On
-    a CPU, whose cost grows about evenly, no stretch stands out and nothing is probed.
+    **Steps.** A backend's cost is not a line: it switches kernels at batch sizes (ggml-cuda at 8
+    columns for quantized weights). Between two timed sizes whose cost per token is `STEP_RATIO`
+    times their neighbours' (and rises by `STEP_MIN` steps or more) there is a step somewhere;
+    interpolated, a size just below it looks dear and is never tried (on a GPU, 8 tokens priced
+    between 5 and 9 would read far dearer than they cost). The powers of two inside such a stretch
+    are priced as the lower end plus the neighbours' slope, so where that pays the draft length rule
+    tries one, it is timed, and the stretch narrows: a search that finds the cheap power of two
+    below a step in a verify batch or two, at most `MAX_PROBES` a turn. (A bisection probes the
+    middle of the stretch, which a longer draft may beat, so the size below the step is never
+    tried.) On a CPU, whose cost grows about evenly, no stretch stands out and nothing is probed.
 
-    **Stale graphs.** llama.cpp pads the attention's KV length to a window of 256 cells, so a
-    call whose context end lies in another window than the last call of its size had finds its
-    graph's shapes changed (`LiveSequence.graph_stale`): the graph is built anew and a GPU
-    backend runs it eagerly while capturing its CUDA graph again. Plain decoding pays that once
-    every 256 tokens; a verify batch of a size used now and then (novel text: a draft here and
-    there) pays it nearly every time. Measured on an H200 (SmolLM2, novel text): a stale verify
-    of 2 tokens 4.2-4.5 steps against 1.7 for one built anew at the same window, 17 tokens 6.2-7.7
-    against 3.9. `stale` is that extra cost, in one-token steps, timed from the one-token steps
-    that are stale (they are left out of the one-token time, which one such step used to lift
-    by half for the next few steps); a stale batch is priced `stale` more instead of a new
-    graph's `rebuild`, and its own cost is what is left of its time after it. On a CPU a stale
-    step costs a graph build, a fraction of a step.
+    **Stale graphs.** llama.cpp pads the attention's KV length to a window of 256 cells, so a call
+    whose context end lies in another window than the last call of its size had finds its graph's
+    shapes changed (`LiveSequence.graph_stale`): the graph is built anew and a GPU backend runs it
+    eagerly while capturing its CUDA graph again. Plain decoding pays that once every 256 tokens; a
+    verify batch of a size used now and then (novel text: a draft here and there) pays it nearly
+    every time, and on a GPU a stale verify costs several steps more than one built anew at the same
+    window. `stale` is that extra cost, in one-token steps, timed from the one-token steps that are
+    stale (they are left out of the one-token time, which one such step used to lift by half for the
+    next few steps); a stale batch is priced `stale` more instead of a new graph's `rebuild`, and
+    its own cost is what is left of its time after it. On a CPU a stale step costs a graph build, a
+    fraction of a step.
 
     **Across turns.** Where `speculation.keep_costs` says so (by default with every layer on a GPU:
     `speculation.turn_costs`), the context keeps its cost model (`LiveSequence.spec_costs`): a
     turn starts from what earlier turns timed (`begin_turn`), not from the prior alone, so its
-    first draft is priced with the new graphs it builds (on an H200 a novel turn's first drafts,
-    priced by the prior alone, were its costliest steps). What an earlier turn timed is carried,
+    first draft is priced with the new graphs it builds (a GPU turn's first drafts, priced by
+    the prior alone, are its costliest steps). What an earlier turn timed is carried,
     not trusted. A carried size is priced no dearer than the prior: a batch's cost relative to
     a one-token step depends on the context's length (on a CPU a verify row's attention walks
-    the whole cache), so a size timed in a long turn would overprice it in a short one (measured:
-    a CPU's replay after copy-edit drafted 3.0 tokens a call instead of 8.0). A turn's first
+    the whole cache), so a size timed in a long turn would overprice it in a short one and keep
+    the short turn on short drafts. A turn's first
     timing of a size, and its first timing of a new graph, replace the carried value outright
     (a cost timed high once, on a busy machine, would otherwise move back only a fifth of the
     way a sample). And where the carried costs decline a run of drafts that were right, the
@@ -309,10 +304,10 @@ class CostModel:
         steps: its own, a new graph unless `prev` was the same size, and, when it leaves plain
         steps (`prev` 1, or 0 at a turn's start), the new graph of the plain step that will
         follow the verify run, which staying plain would not pay. Until a batch size has been
-        timed the prior alone prices it: with both new graphs priced in, a CPU's prior kept a
-        GPU turn from ever timing a batch (simulated with the H200's costs: a copy at 95%
-        acceptance went from 1.5x to 1.1x). `stale`: the batch's graph is stale, which costs
-        `stale` (once timed) in place of a new graph's `rebuild`."""
+        timed the prior alone prices it: with both new graphs priced in, a CPU's prior would
+        keep a GPU turn from ever timing a batch, and a copy from most of its gain. `stale`: the
+        batch's graph is stale, which costs `stale` (once timed) in place of a new graph's
+        `rebuild`."""
         cost = self.relative(n)
         if not self.measured:  # nothing timed yet: the prior alone, so batches get timed
             return cost
@@ -333,9 +328,9 @@ class Acceptance:
     Kept apart because they are learnt from different evidence and differ where it matters. A
     declined draft tests only its first token (the plain step says whether it was right); only
     a verify batch tests what follows. In novel code a short match's next token is often right
-    (an identifier, a closing bracket) and what follows it seldom: on an H200 a novel turn's
-    declined drafts said 0.85, one rate for both drafted batches of 17, and they were accepted
-    at 0.76 a token, 3.2 of 16 (a whole-turn loss). A copy's first and later tokens are both
+    (an identifier, a closing bracket) and what follows it seldom, so one rate for both, learnt
+    mostly from declined drafts, drafts long batches of which only the first few tokens are
+    accepted. A copy's first and later tokens are both
     right, so apart or together its drafts price alike. Each verify batch decays and updates
     both, a declined draft only the first (so the continuation keeps what the last batches
     said however many declined drafts came between). Where a batch's drafts were all accepted
@@ -409,8 +404,7 @@ def best_draft_length(
     A bound comes first: no draft yields more than 1 + a(1 + ... + t^(real-1)) tokens and no call
     costs less than `cost.floor(prev)`. Novel text asks this at most of its steps (code repeats
     short runs: a draft of a 3-token match, seldom right), and on a GPU, where leaving plain
-    steps costs two new graphs, the bound declines it without pricing each length (12 µs a
-    step on a CPU, 1% of a SmolLM2 step on an H200)."""
+    steps costs two new graphs, the bound declines it without pricing each length."""
     best_k, best = 0, 1.0 * gain
     t = a if then is None else then
     real = k_max if available is None else min(available, k_max)

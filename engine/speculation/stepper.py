@@ -17,8 +17,8 @@ Why the output is unchanged (docs/speculation.md):
   p(x), and given y != x it is distributed as p with x removed and renormalised: exactly the
   speculative-sampling rule for a deterministic draft, so the output distribution is p.
 - What remains is whether a batch's logits equal one token's. On the CPU backend with the
-  quantized weights measured (SmolLM2 Q4_1) they are bit-identical; where a backend computes a
-  batch with other kernels (a GPU: up to 2.9 for SmolLM2 on an H200) or another algorithm (the
+  weight types of `EXACT_CPU_WEIGHTS` they are bit-identical; where a backend computes a
+  batch with other kernels (a GPU, other weight types) or another algorithm (the
   hybrid models' chunked recurrence) they differ, and greedy output is then identical only up
   to the first token where the two best logits are closer than that. So the engine speculates
   there only when the profile accepts that (`allow_batch_rounding`; `exactness` and
@@ -113,12 +113,11 @@ def exactness(
     "" where they are bit-identical: every layer on the CPU backend of an x86_64 build, weights
     of the types in `EXACT_CPU_WEIGHTS` only (`weight_types`: `batch_weight_types`), an attention
     model, flash attention, and one-token steps on one thread. `machine`: the CPU architecture
-    (`platform.machine()`; another CPU's kernels are not measured, so not promised). Measured
-    on the CPU with SmolLM2 (a 256-token reply decoded
-    again drafting from itself): identical with decode on one thread and flash attention; with
-    decode on two threads it took another token at the 226th (past 256 tokens of context,
-    where one token's attention is split between the threads and summed otherwise than a
-    batch's), and without flash attention at the 17th to 61st, on one thread or two."""
+    (`platform.machine()`; another CPU's kernels are not checked, so not promised). With decode
+    on several threads, one token's attention past 256 tokens of context is split between the
+    threads and summed otherwise than a batch's; without flash attention a batch's attention
+    takes another path too (`test_bit_identical_needs_one_decode_thread_and_flash_attention`;
+    docs/results/speculation.md)."""
     why = []
     if gpu_layers:
         why.append("layers on a GPU, which computes a batch with other kernels than one token")
@@ -188,8 +187,9 @@ def turn_costs(live: LiveSequence, settings: SpeculationSettings) -> CostModel:
 GUARD_STEPS = 3.0
 """How many one-token steps a turn's verify batches may lose against plain decoding, net,
 before drafting stops (`SpecStepper`): the cost model prices a draft from what it has timed,
-and a turn's first batches are priced from the prior; on an H200 a handful of them, each
-building new graphs into the batch and back, cost novel text 8-15% of a short reply."""
+and a turn's first batches are priced from the prior; on a GPU a handful of them, each
+building new graphs into the batch and back, can cost novel text a visible share of a short
+reply."""
 
 GUARD_STREAK = 4
 """Once stopped, drafting starts again after this many plain steps in a row at which the
@@ -205,7 +205,7 @@ EXPLORE_STREAK = 12
 been right makes the stepper verify the draft anyway while its costs are an earlier turn's
 (`CostModel.carried`): a cost timed too high once is otherwise never timed again, since nothing
 is verified while it prices every draft out. A copy meets such a run within a few lines; novel
-text seldom does (runs of 4 were common there on an H200, and the drafts after them wrong).
+text seldom does (short runs are common there, and the drafts after them wrong).
 After a try whose draft was not accepted whole the stepper waits twice as long, up to
 `MAX_EXPLORE_STREAK`."""
 

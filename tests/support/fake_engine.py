@@ -11,13 +11,18 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from velo_chat.engine.api import EngineAPI, EngineFacts
-from velo_chat.engine.engine import PromptTooLong, ResumePreview, Turn
+from velo_chat.engine import PromptTooLong, ResumePreview
+from velo_chat.engine.api import EngineAPI, EngineFacts, Turn
 from velo_chat.engine.llama.model import LoadCancelled
 from velo_chat.engine.events import (
+    CheckpointStats,
+    LlamaTimings,
+    LocalModel,
     ModelLoaded,
     ModelLoading,
     PrefillProgress,
+    SpeculationStats,
+    ThreadsInfo,
     TokenDelta,
     TurnDone,
     TurnStarted,
@@ -88,16 +93,11 @@ class FakeEngine(EngineFacts):
         info = ModelLoaded(
             "/models/fake.gguf",
             "llama",
-            135_000_000,
-            100 << 20,
             4096,
-            2,
-            False,
             0.1,
-            n_threads_batch=2,
-            threads="decode 2 (auto), prefill 2 (auto)",
             fingerprint="fake-fingerprint",
-            n_vocab=49152,
+            local=LocalModel(135_000_000, 100 << 20, 49152, hybrid=False),
+            threads=ThreadsInfo(2, 2, "decode 2 (auto), prefill 2 (auto)"),
         )
         self._info = info
         emit(info)
@@ -124,7 +124,6 @@ class FakeEngine(EngineFacts):
         reasoning=None,
         max_tokens=None,
         cancel=None,
-        ignore_eos=False,
     ) -> Turn:
         n = self._count(messages)
         if n > self.script.prompt_limit:
@@ -194,14 +193,16 @@ class FakeEngine(EngineFacts):
                 decode_tokens=count,
                 decode_s=(count - 1) * s.dt,
                 decode_tok_s=rate if count > 1 else 0.0,
-                graphs_reused=max(0, count - 2),
-                llama_eval_ms=1.0,
-                llama_prompt_eval_ms=1.0,
-                wall_ms=1.0,
                 total_s=0.5,
                 finish_reason=finish,
+                source="live" if cached else "none",
                 reasoning_tokens=n_reasoning,
                 first_answer_s=0.05 + n_reasoning * s.dt if count > n_reasoning else None,
+                checkpoint=CheckpointStats(),
+                speculation=SpeculationStats(),
+                llama=LlamaTimings(
+                    graphs_reused=max(0, count - 2), eval_ms=1.0, prompt_eval_ms=1.0, wall_ms=1.0
+                ),
             ),
             reasoning,
         )

@@ -2,7 +2,7 @@
 
 The templates ship in the llama-cpp-python sdist that `make bootstrap` builds the engine from
 (`vendor/llama.cpp/models/templates/`), but pip deletes the unpacked sdist after the build, so the
-first test run extracts them into the test-data cache (`data_cache.py`, beside the SmolLM2 model)
+first test run extracts them into the test-data cache (`devkit/data_cache.py`, beside the SmolLM2 model)
 and later runs read them from there. Sources, in order:
 - `VELO_TEST_LLAMA_TEMPLATES`: a folder of `*.jinja` files, or the sdist `.tar.gz`;
 - the extracted copy from an earlier run;
@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from .data_cache import cache_dir
+from devkit.data_cache import cache_dir
 
 log = logging.getLogger(__name__)
 

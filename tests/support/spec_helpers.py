@@ -17,6 +17,7 @@ from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone
 from velo_chat.engine.speculation.cost import CostModel
 from velo_chat.engine.speculation.stepper import SpecStepper
+from velo_chat.engine.diagnostics import diagnostics
 
 COPY = [
     ChatMessage(
@@ -52,7 +53,7 @@ def run_turn(
     """(token ids, TurnDone, the context's tokens after the turn)."""
     ids: list[int] = []
     done = None
-    with engine.turn(messages, max_tokens=max_tokens, **kw) as turn:
+    with diagnostics(engine).turn(messages, max_tokens=max_tokens, **kw) as turn:
         for event in turn:
             if isinstance(event, TokenDelta):
                 ids.append(event.token_id)
@@ -67,7 +68,7 @@ def run_turn(
 def oracle_session(engine: Engine, messages: Sequence[ChatMessage], reply: Sequence[int]) -> list[int]:
     """The prompt followed by `reply`: indexed before the session, so that when the real
     prompt ends the draft source proposes `reply`."""
-    return [*engine.tokens_for(messages, engine.template_variables()), *reply]
+    return [*diagnostics(engine).tokens_for(messages, diagnostics(engine).template_variables()), *reply]
 
 
 def forcing_stepper(oracle: Sequence[int]) -> type[SpecStepper]:
@@ -93,14 +94,14 @@ def tolerance(engine: Engine, messages: Sequence[ChatMessage]) -> float:
     `messages` (each of two logits may move by it), what may turn a near-tie."""
     if not on_gpu(engine):
         return 0.0
-    d = engine.verify_logit_differences(messages, 24, (2, 4, 8))
+    d = diagnostics(engine).verify_logit_differences(messages, 24, (2, 4, 8))
     return 2.0 * max(d["max_abs_diff"].values())
 
 
 def plain_logits(plain: Engine, messages: Sequence[ChatMessage], reply: Sequence[int]) -> np.ndarray:
     """The plain engine's logits after the prompt and `reply`, the last token decoded alone."""
     live = plain._require()[2]
-    prompt = plain.tokens_for(messages, plain.template_variables())
+    prompt = diagnostics(plain).tokens_for(messages, diagnostics(plain).template_variables())
     live.clear()
     tokens = [*prompt, *reply]
     for pos in range(0, len(tokens) - 1, live.n_ubatch):

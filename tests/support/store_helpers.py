@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from velo_chat.store import SessionStore
+from velo_chat.store import SessionStore, rows
 from velo_chat.store.migrations import fts5_available
 
 with closing(sqlite3.connect(":memory:")) as _probe:
@@ -39,6 +39,21 @@ def store(request: pytest.FixtureRequest, db_path: Path):
     with SessionStore(db_path, use_fts=request.param == "fts", clock=tick_clock()) as s:
         assert s.uses_fts is (request.param == "fts")
         yield s
+
+
+def delete_messages_after(store: SessionStore, session_id: str, position: int) -> int:
+    """Delete the session's messages after `position` (-1 clears all), in one write transaction
+    of the store, touching the session's `updated_at` when any went; returns how many. The app
+    deletes messages only inside `add_exchange(replace_after=...)` (regenerate, edit-last-message);
+    the tests use this to check that positions continue from what is left."""
+    with store._transaction(write=True) as conn:
+        rows.session(conn, session_id)
+        deleted = conn.execute(
+            "DELETE FROM messages WHERE session_id = ? AND position > ?", (session_id, position)
+        ).rowcount
+        if deleted:
+            conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (store._clock(), session_id))
+    return deleted
 
 
 def child_env() -> dict[str, str]:

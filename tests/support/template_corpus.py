@@ -21,15 +21,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from velo_chat.app.conversation import engine_messages, record, start_turn
+from velo_chat.app.conversation import record, start_turn, turn_messages
 from velo_chat.engine.prompt.chat_template import ChatMessage, ChatTemplateError
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.events import TokenDelta, TurnDone, TurnFailed, TurnStarted
 from velo_chat.engine.live_sequence import common_prefix
 from velo_chat.store import SessionStore
+from velo_chat.engine.diagnostics import diagnostics
 
 from .engine_helpers import test_profile
-from .gguf_template import with_chat_template
+from devkit.gguf_template import with_chat_template
 
 REPLY_TOKENS = 8
 SYSTEM = "You are a careful assistant. Answer briefly and cite the numbers you use."
@@ -70,7 +71,7 @@ class TemplateRun:
 def renders_system(engine: Engine) -> bool:
     """Whether the template renders a system prompt at all (Gemma 2 refuses one)."""
     try:
-        engine.tokens_for([ChatMessage("system", SYSTEM), ChatMessage("user", "Hi")])
+        diagnostics(engine).tokens_for([ChatMessage("system", SYSTEM), ChatMessage("user", "Hi")])
     except ChatTemplateError:
         return False
     return True
@@ -125,9 +126,8 @@ def run_template(name: str, source: str, base_model: Path, workdir: Path) -> Tem
 def _session(engine: Engine, cold: Engine, store: SessionStore, profile, variant: str) -> list[TurnResult]:
     session, out, previous = None, [], None
     for k, question in enumerate(QUESTIONS):
-        stored: list = store.messages(session.id) if session else []
-        convo = engine_messages(profile.system_prompt, stored) + [ChatMessage("user", question)]
-        prompt = engine.tokens_for(convo)
+        convo = turn_messages(store, session, profile, question).messages
+        prompt = diagnostics(engine).tokens_for(convo)
         preview = engine.preview(convo).cached_tokens
         started_turn = start_turn(store, engine, session=session, profile=profile, text=question)
         session = started_turn.session
@@ -141,7 +141,7 @@ def _session(engine: Engine, cold: Engine, store: SessionStore, profile, variant
             tokens,
         )
         if k:
-            cold.reset()
+            diagnostics(cold).reset()
             turn.cold = _tokens(cold.turn(convo))[1]
         if variant == "think":
             reply = store.messages(session.id)[-1]
@@ -160,7 +160,7 @@ def kept_before_reply(engine: Engine, convo: list[ChatMessage], previous: list[i
     token before the end of the prompt, because a restored state has no logits to sample from."""
     model = engine._require()[0]
     before = model.tokenize_segments(model.chat_template.segments(convo[:-2], add_generation_prompt=False))
-    prompt = engine.tokens_for(convo)
+    prompt = diagnostics(engine).tokens_for(convo)
     return min(common_prefix(prompt, before), common_prefix(prompt, previous), len(previous) - 1)
 
 

@@ -14,7 +14,7 @@ independent of whatever else runs on the machine (a real velo-chat writing its l
 pip keeps working: a user pip configuration found under the real home (a mirror, a
 certificate) is handed on as `PIP_CONFIG_FILE` unless that is already set.
 
-Test data kept between runs lives in `data_cache.py`'s folder; `VELO_TEST_CACHE`, if set, is
+Test data kept between runs lives in `devkit/data_cache.py`'s folder; `VELO_TEST_CACHE`, if set, is
 made absolute here while `~` still means the user's home.
 """
 
@@ -30,7 +30,7 @@ import pytest
 
 from velo_chat.engine.config.locations import APP_NAME, HOME_ENV
 
-from .data_cache import CACHE_ENV
+from devkit.data_cache import CACHE_ENV
 
 _FAKE_ROOT = pytest.StashKey[Path]()
 _PATCH = pytest.StashKey[pytest.MonkeyPatch]()

@@ -17,8 +17,8 @@ from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Select, Static, Switch
 
-from velo_chat.engine.config.profile_schema import SECTIONS, Profile, value_type
-from velo_chat.engine.config.profiles import ProfileError, build_profile
+from velo_chat.engine import ProfileError
+from velo_chat.engine.config import SECTIONS, Profile, build_profile, value_type
 
 TOP = ("description", "system_prompt")
 TOP_DOCS = {

@@ -24,8 +24,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Sparkline, Static
 
-from velo_chat.engine.events import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
-from velo_chat.engine.fit.residency import WARM_BELOW
+from velo_chat.engine import ModelLoaded, PrefillProgress, TurnStarted, TurnStats
+from velo_chat.engine.fit import WARM_BELOW
 
 from ...sysinfo import memory_probe as default_memory_probe
 from .meter import DecodeMeter
@@ -128,24 +128,23 @@ class LivePanel(Vertical):
         self.query_one("#panel-load", ProgressBar).display = False
         self.n_ctx = info.n_ctx
         kind = "hybrid" if info.hybrid else "attention"
-        threads = f"threads {info.n_threads}"
-        if info.n_threads_batch:
-            threads += f" · prefill {info.n_threads_batch}"
-        if info.architecture == "remote":  # the server's threads and memory are its own
+        if info.threads is None:  # a server: its threads and memory are its own
             kind, threads = "server", "runs on the server"
+        else:
+            threads = f"threads {info.threads.decode}"
+            if info.threads.prefill:
+                threads += f" · prefill {info.threads.prefill}"
         lines = f"{name}\n{info.architecture} · {kind}\n{threads}"
-        if info.ple_table:  # qwen4exp: where its PLE rows are gathered, and the decode graph's splits
-            splits = (
-                f" · {info.graph_splits} split{'s' if info.graph_splits != 1 else ''}"
-                if info.graph_splits
-                else ""
-            )
-            lines += f"\nPLE {info.ple_gather}{splits}"
+        if info.ple is not None and info.ple.table:  # qwen4exp: where its PLE rows are gathered,
+            n = info.local.graph_splits if info.local is not None else 0  # and the decode graph's splits
+            splits = f" · {n} split{'s' if n != 1 else ''}" if n else ""
+            lines += f"\nPLE {info.ple.gather}{splits}"
         self.query_one("#panel-model", Static).update(lines)
-        self._engine_speculation = info.speculation
-        self._engine_if_enabled = info.speculation_if_enabled
-        if info.speculation:  # what the engine made of the profile's setting on this model
-            self.speculation_enabled, self.speculation = speculation_line(info.speculation)
+        spec = info.speculation
+        self._engine_speculation = spec.mode if spec is not None else ""
+        self._engine_if_enabled = spec.if_enabled if spec is not None else ""
+        if self._engine_speculation:  # what the engine made of the profile's setting on this model
+            self.speculation_enabled, self.speculation = speculation_line(self._engine_speculation)
         self._render_context()
 
     def model_failed(self, reason: str) -> None:
@@ -234,12 +233,13 @@ class LivePanel(Vertical):
         if stats is not None:
             self.ttft = stats.ttft_s
             self.n_reasoning, self.first_answer = stats.reasoning_tokens, stats.first_answer_s
-            self.graphs = f"{stats.graphs_reused:,}" if stats.backend == "local" else "—"
-            if self.speculation_enabled and stats.backend == "local":  # the last turn's drafts
+            self.graphs = f"{stats.llama.graphs_reused:,}" if stats.llama is not None else "—"
+            spec = stats.speculation
+            if self.speculation_enabled and spec is not None:  # the last turn's drafts
                 self.speculation = (
-                    f"on · {stats.spec_accepted:,}/{stats.spec_drafted:,} accepted"
-                    f" ({stats.spec_acceptance:.0%}) · {stats.tokens_per_call:.2f} tok/call"
-                    if stats.spec_drafted
+                    f"on · {spec.accepted:,}/{spec.drafted:,} accepted"
+                    f" ({spec.acceptance:.0%}) · {stats.tokens_per_call:.2f} tok/call"
+                    if spec.drafted
                     else "on · nothing drafted"
                 )
             self.fill_tokens = stats.prompt_tokens + stats.decode_tokens

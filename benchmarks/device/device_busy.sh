@@ -6,13 +6,13 @@
 #  2. decode beside <cores> busy processes started here, each in a session of its own: at normal
 #     priority (twice) and at nice 19, with an idle run before each pair.
 #
-#   bash benchmarks/device_busy.sh        (repo root; carry: .device, made by prepare_device.sh)
+#   bash benchmarks/device/device_busy.sh        (repo root; carry: .device, made by prepare_device.sh)
 #
 # Prints one line per run (tok/s, each run, the CPU this process and the others used, threads).
 set -uo pipefail
 t_start=$(date +%s)
 export PYTHONUNBUFFERED=1
-source benchmarks/device_build.sh
+source benchmarks/device/device_build.sh
 echo "build done at $(( $(date +%s) - t_start )) s"
 export VELO_TEST_QWEN=$root/.device/tiny-qwen4exp.gguf
 export VELO_CHAT_HOME=/tmp/velo-home-s

@@ -2,7 +2,7 @@
 # applied and ggml's CPU code built for x86-64-v3 as packaging/bootstrap.sh builds it on x86_64,
 # into $site (/tmp: a warm machine reuses it; the stamp holds the flags and the patches' hash),
 # then the package mapping as links and PYTHONPATH. Run from the repo root with
-# .device/ carried (benchmarks/prepare_device.sh makes it). Sets root, out, site.
+# .device/ carried (benchmarks/device/prepare_device.sh makes it). Sets root, out, site.
 root=$PWD; out=${OUT:-/tmp/out}; site=${VELO_SITE:-/tmp/velo-site-ple}
 mkdir -p "$out" "$site" /tmp/res
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6

@@ -2,10 +2,10 @@
 # One device call: build llama-cpp-python 0.3.36 with CUDA for sm_90 (the flags `make run
 # CUDA_ARCH=90` uses), then run the hybrid-resume tests and `velo-chat bench` on the GPU with the
 # tiny qwen4exp model. Inputs are carried in .device/ (ignored by git; made by
-# benchmarks/prepare_device.sh, so the call names it: carry .device):
+# benchmarks/device/prepare_device.sh, so the call names it: carry .device):
 #   .device/llcpp.tar.xz         the llama-cpp-python sdist, trimmed to what the build reads
 #   .device/whl/*.whl            platformdirs, diskcache (not in the device image)
-#   .device/tiny-qwen4exp.gguf   built by tests/support/tiny_qwen4exp.py
+#   .device/tiny-qwen4exp.gguf   built by devkit/tiny_qwen4exp.py
 # The build applies packaging/patches/*.patch, as the bootstrap does.
 # Results go to $OUT (build.log, tests.log, bench.json).
 set -uo pipefail

@@ -1,6 +1,6 @@
 """A tiny random-weight `qwen4exp` GGUF (the Qwen3.8-Flash-Next architecture), built at test time.
 
-Import it as `tests.support.tiny_qwen4exp` (pyproject sets pytest's `pythonpath = ["."]`).
+Import it as `devkit.tiny_qwen4exp` from the repo root (pyproject sets pytest's `pythonpath = ["."]`).
 The repo holds no weights: tests call `tiny_qwen4exp_path(cache_dir, tokenizer_gguf, ...)`,
 which builds the file once per distinct set of arguments (and generator source) and reuses it.
 

@@ -8,7 +8,7 @@ before the data section is recomputed for the alignment, and the tensor data is 
 byte. For a 4 MB model that is a few milliseconds.
 
 Also a command, for the benchmark model in benchmarks/README.md:
-`python -m tests.support.gguf_template MODEL.gguf TEMPLATE.jinja OUT.gguf`.
+`python -m devkit.gguf_template MODEL.gguf TEMPLATE.jinja OUT.gguf` (from the repo root).
 """
 
 from __future__ import annotations

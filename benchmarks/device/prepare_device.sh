@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
-# Prepare .device/, the inputs that benchmarks/device_engine_check.sh and device_threads.sh need on
+# Prepare .device/, the inputs that benchmarks/device/device_engine_check.sh and device_threads.sh need on
 # the GPU machine, which reaches no package registry:
 #   .device/llcpp.tar.xz        the llama-cpp-python sdist, trimmed to what its CMake build reads
 #                               (no git history, docs, models, tests, examples, tools but mtmd, or
 #                               ggml backends other than CPU and CUDA)
 #   .device/whl/*.whl           the Python packages the device image lacks (platformdirs, diskcache,
-#                               gguf: tests/support imports it),
+#                               gguf: devkit imports it),
 #                               as wheels for its Python (3.12), at the versions of this .venv
 #   .device/tiny-qwen4exp.gguf  the tiny hybrid qwen4exp model the GPU tests and bench run on
-#                               (tests/support/tiny_qwen4exp.py; its tokenizer is SmolLM2's, from
+#                               (devkit/tiny_qwen4exp.py; its tokenizer is SmolLM2's, from
 #                               the test-data cache, fetched if missing)
 #   .device/ple/tiny-qwen4exp-<type>.gguf  the same model with its PLE table in each other type the
 #                               GPU gather reads (f16, bf16, q8_0, iq4_nl), for device_ple.sh (the
 #                               f32 one is tiny-qwen4exp.gguf itself: device_ple.sh links it, so it
 #                               is not carried twice)
 #
-#   bash benchmarks/prepare_device.sh          # from the repo root, after `make bootstrap`
+#   bash benchmarks/device/prepare_device.sh          # from the repo root, after `make bootstrap`
 #
 # Everything is built in a temporary folder first. A file missing from .device/ is added; one
 # that exists is kept as it is (a device call may be carrying it) and the script says whether the
 # new one differs; FORCE=1 replaces those that differ. .device/ is ignored by git, and the device
 # tool copies an ignored folder only when a call names it: `carry: [".device"]`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 py=${PYTHON:-.venv/bin/python}
 LLAMA_VERSION=0.3.36
 DEVICE_PYTHON=3.12
@@ -71,8 +71,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.support.data_cache import smollm2
-from tests.support.tiny_qwen4exp import tiny_qwen4exp_path
+from devkit.data_cache import smollm2
+from devkit.tiny_qwen4exp import tiny_qwen4exp_path
 
 work = Path(sys.argv[1])
 tokenizer = smollm2(None)

@@ -3,9 +3,9 @@
 # layer on the GPU, CUDA's verify-batch logits against one-token logits, and `velo-chat bench
 # --spec` with every layer on the GPU for the tiny qwen4exp and, when given, SmolLM2.
 #
-#   bash benchmarks/device_spec.sh [TINY_GGUF] [SMOLLM2_GGUF]     (repo root; carry: .device)
+#   bash benchmarks/device/device_spec.sh [TINY_GGUF] [SMOLLM2_GGUF]     (repo root; carry: .device)
 #
-# TINY_GGUF: default .device/tiny-qwen4exp.gguf (benchmarks/prepare_device.sh makes it).
+# TINY_GGUF: default .device/tiny-qwen4exp.gguf (benchmarks/device/prepare_device.sh makes it).
 # SMOLLM2_GGUF: SmolLM2-135M-Instruct Q4_1; skipped, with a line saying so, when not given or
 # missing. The CUDA build is device_build.sh's (sourced: a warm machine reuses it).
 #
@@ -37,11 +37,6 @@
 #
 # SPEC_SNAPSHOTS=1 first runs benchmarks/spec_snapshots.py on the tiny model (plain decoding in
 # contexts with max_draft 0, 4 and 16 side by side, and a kernel profile of each; snapshots.json).
-# SPEC_STALE_AB=1 runs each bench again right after it with stale graphs not priced
-# (benchmarks/cli_stale_unpriced.py, labelled "-unpriced"): the stepper before and after
-# `CostModel.stale`, side by side.
-# SPEC_POOLED_AB=1 runs each bench again right after it with one acceptance rate for a draft's
-# first token and the tokens after it (benchmarks/cli_pooled_acceptance.py, "-pooled").
 # SPEC_FILES="A.py B.py ...": SmolLM2's `on` profile again for each file, as the copy-edit
 # workload (`bench --spec --spec-file`; the rename is the one bench picks). SPEC_TESTS=0 skips
 # the tests (a warm call that only benchmarks).
@@ -64,7 +59,7 @@ if [ "${SPEC_LOCAL:-0}" = 1 ]; then
   root=$PWD; out=${OUT:-/tmp/out-spec}; mkdir -p "$out"
   py=${PYTHON:-$root/.venv/bin/python}; layers=0
 else
-  source benchmarks/device_build.sh
+  source benchmarks/device/device_build.sh
   py=python3; layers=-1
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 fi
@@ -138,7 +133,7 @@ logits() {  # label, model, profile
 bench() {  # label, model, profile[, extra bench arguments]
   if [ $(( $(date +%s) - t_start )) -gt "$budget" ]; then say "out of time before $1"; return; fi
   local json=$home/$1.json
-  timeout 120 "$py" ${CLI:--m velo_chat.app.cli} bench --spec --model "$2" --profile "$3" --json \
+  timeout 120 "$py" -m velo_chat.app.cli bench --spec --model "$2" --profile "$3" --json \
     --decode-tokens "$tokens" --repeats "$repeats" "${@:4}" > "$json" 2>> "$out/bench.err"
   "$py" - "$1" "$json" "$results" <<'PY' | tee -a "$summary"
 import json, sys
@@ -176,12 +171,6 @@ print(f"  verify cost, each after another size (a new graph each time): {s.get('
 if "cost_on_prefill_threads" in s:
     print(f"  verify cost on the prefill threads: {s['cost_on_prefill_threads']}")
 PY
-  if [ "${SPEC_STALE_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, stale graphs not priced
-    CLI=benchmarks/cli_stale_unpriced.py bench "$1-unpriced" "${@:2}"
-  fi
-  if [ "${SPEC_POOLED_AB:-0}" = 1 ] && [ -z "${CLI:-}" ]; then  # again, one acceptance rate
-    CLI=benchmarks/cli_pooled_acceptance.py bench "$1-pooled" "${@:2}"
-  fi
 }
 
 # the most telling runs first: SPEC_BUDGET_S may leave the last ones out

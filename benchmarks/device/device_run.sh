@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One device-machine call for the PLE kernels: GPU tests of the PLE kernels, then the benchmark.
-# Run from the repo root on the CUDA machine; logs and JSON go to $OUT (or ./device_out).
+# Run from the repo root on the CUDA machine (carry: .device, for .device/whl: the engine's GGUF
+# reader, which locates the table, imports platformdirs); logs and JSON go to $OUT (or ./device_out).
 set -uo pipefail
 OUT=${OUT:-$PWD/device_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # velo_chat is a namespace of top-level folders (pyproject package-dir); mirror it without installing
 VC=$(mktemp -d); mkdir -p "$VC/velo_chat"
 for d in kernels engine; do ln -s "$PWD/$d" "$VC/velo_chat/$d"; done
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$VC" .device/whl/*.whl
 export PYTHONPATH="$VC${PYTHONPATH:+:$PYTHONPATH}"
 TABLE=${VELO_PLE_BIG_TABLE:-/tmp/ple_big.gguf}
 {

@@ -3,11 +3,11 @@
 # with llama.cpp's CPU gather (stock) against the provider, on the tiny model and on one with the
 # real PLE geometry, in one call. `velo-chat bench --profile ple-stock|ple-gpu` is in device_engine_check.sh.
 #
-#   bash benchmarks/device_ple.sh        (run from the repo root; carry: .device)
+#   bash benchmarks/device/device_ple.sh        (run from the repo root; carry: .device)
 #
-# Inputs in .device/ (ignored by git; benchmarks/prepare_device.sh makes them): llcpp.tar.xz (the llama-cpp-python 0.3.36
+# Inputs in .device/ (ignored by git; benchmarks/device/prepare_device.sh makes them): llcpp.tar.xz (the llama-cpp-python 0.3.36
 # sdist), whl/*.whl (its runtime deps), tiny-qwen4exp.gguf, and ple/tiny-qwen4exp-<type>.gguf for
-# the PLE table types but f32 (tests/support/tiny_qwen4exp.py with ple_type=...). The build applies
+# the PLE table types but f32 (devkit/tiny_qwen4exp.py with ple_type=...). The build applies
 # packaging/patches/*.patch and lives in /tmp (a warm machine reuses it; the stamp holds the flags
 # and the patches' hash). Logs and JSON go to $OUT. RESUME=0 skips the resume tests, BIG=0 the
 # model with the real PLE geometry (BIG_GIB: its table's size, 4 GiB); ROUNDS=N alternates the
@@ -16,7 +16,7 @@
 # ("1") lists the decode thread counts it runs with ("1 16": also llama.cpp's default here).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-source benchmarks/device_build.sh
+source benchmarks/device/device_build.sh
 # the f32 one is tiny-qwen4exp.gguf itself (the generator's default): linked, not carried twice
 mkdir -p /tmp/ple-models && ln -sf "$root"/.device/ple/*.gguf /tmp/ple-models/
 [ -e /tmp/ple-models/tiny-qwen4exp-f32.gguf ] || \

@@ -15,7 +15,7 @@ from velo_chat.engine.atomic_file import atomic_write
 from velo_chat.engine.setup import default_model
 
 CACHE_ENV = "VELO_TEST_CACHE"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cache_dir() -> Path:

@@ -3,7 +3,7 @@
 # layer on the GPU, for each workload, after device_build.sh's CUDA build (sourced: a warm machine
 # reuses it, and then needs no .device/).
 #
-#   bash benchmarks/device_trace.sh MODEL_GGUF [WORKLOAD ...]     (repo root; carry: .device cold)
+#   bash benchmarks/device/device_trace.sh MODEL_GGUF [WORKLOAD ...]     (repo root; carry: .device cold)
 #
 # WORKLOAD: copy-edit (default) and/or novel. The profile is device_spec.sh's `on`: every layer on
 # the GPU, n_ctx 4096, decode on 1 thread, greedy, speculation on with allow_batch_rounding.
@@ -15,7 +15,7 @@
 set -u
 model=${1:?usage: device_trace.sh MODEL_GGUF [WORKLOAD ...]}; shift
 workloads=${*:-copy-edit}
-source benchmarks/device_build.sh || exit 1
+source benchmarks/device/device_build.sh || exit 1
 export VELO_CHAT_HOME=/tmp/velo-trace-home GGML_CUDA_GRAPH_KEY_SHAPE=${TRACE_KEY_SHAPE:-1}
 mkdir -p "$VELO_CHAT_HOME/config/profiles"
 printf '[model]\nn_gpu_layers = -1\n[context]\nn_ctx = 4096\nn_threads = 1\nflash_attn = "on"\n[sampling]\ntemperature = 0.0\n[speculation]\nenabled = true\nallow_batch_rounding = true\n' \

@@ -2,11 +2,11 @@
 # Threads on the GPU machine (H200, 16 cores): `auto` against fixed thread counts, idle and beside
 # one busy process per core, with the tiny qwen4exp model and every layer on the GPU.
 #
-#   bash benchmarks/device_threads.sh build-test   # CUDA build (kept in /tmp/velo-site), tests
-#   bash benchmarks/device_threads.sh bench        # the benchmarks (builds first if needed)
-#   bash benchmarks/device_threads.sh all          # build, the GPU-side thread tests, benchmarks
+#   bash benchmarks/device/device_threads.sh build-test   # CUDA build (kept in /tmp/velo-site), tests
+#   bash benchmarks/device/device_threads.sh bench        # the benchmarks (builds first if needed)
+#   bash benchmarks/device/device_threads.sh all          # build, the GPU-side thread tests, benchmarks
 #
-# Inputs travel in .device/ (ignored by git; made by benchmarks/prepare_device.sh; carry .device):
+# Inputs travel in .device/ (ignored by git; made by benchmarks/device/prepare_device.sh; carry .device):
 # llcpp.tar.xz, whl/*.whl, tiny-qwen4exp.gguf. VELO_SRC: the source tree to run (default: here).
 # Results go to $OUT: build.log, tests.log, bench_all.jsonl (every run's JSON, by name), bench.err,
 # switch.jsonl (gpu_wait_switch.py) and a summary table at the end of the output.

@@ -4,11 +4,11 @@
 # model with shapes CUDA runs whole, and `velo-chat doctor`: one call of about a minute once the
 # CUDA build exists.
 #
-#   bash benchmarks/device_fit.sh        (run from the repo root; carry: .device)
+#   bash benchmarks/device/device_fit.sh        (run from the repo root; carry: .device)
 #
-# It sources benchmarks/device_build.sh (the patched CUDA build in /tmp, reused when its stamp
+# It sources benchmarks/device/device_build.sh (the patched CUDA build in /tmp, reused when its stamp
 # matches, else built: minutes), so it can follow device_ple.sh in the same call or run alone.
-# Inputs in .device/ (benchmarks/prepare_device.sh): the sdist, whl/*.whl with gguf (the test's
+# Inputs in .device/ (benchmarks/device/prepare_device.sh): the sdist, whl/*.whl with gguf (the test's
 # split-model helper imports it; installed here when a reused build lacks it), and
 # tiny-qwen4exp.gguf. Writes seven files to $OUT/fit/:
 #   tests.log    pytest -k "on_the_gpu and qwen" with VELO_TEST_GPU_LAYERS=-1
@@ -24,7 +24,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
-source benchmarks/device_build.sh
+source benchmarks/device/device_build.sh
 fit=$out/fit
 mkdir -p "$fit"
 python3 -c "import gguf" 2> /dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \

@@ -7,7 +7,7 @@
 #   velo-chat bench --load <cores> --load-cgroup    (their own session, a sibling cgroup)
 # each with its own idle decode just before, so every ratio is side by side.
 #
-#   ROUNDS=3 bash benchmarks/device_load_cgroup.sh     (repo root; carry: .device)
+#   ROUNDS=3 bash benchmarks/device/device_load_cgroup.sh     (repo root; carry: .device)
 #
 # GPU_LAYERS=0 runs the model on the CPU with one decode thread instead (the same scheduling
 # question without the GPU); PREBUILT=DIR skips the CUDA build and imports llama-cpp-python from
@@ -25,7 +25,7 @@ if [ -n "${PREBUILT:-}" ]; then
   for d in app engine kernels store assets; do ln -sfn "$root/$d" "/tmp/pkg/velo_chat/$d"; done
   export PYTHONPATH=/tmp/pkg:$site:$root
 else
-  source benchmarks/device_build.sh
+  source benchmarks/device/device_build.sh
 fi
 export VELO_TEST_QWEN=$root/.device/tiny-qwen4exp.gguf VELO_CHAT_HOME=/tmp/velo-home-cg
 mkdir -p "$VELO_CHAT_HOME/config/profiles"
