@@ -37,8 +37,8 @@ SPARE_CORES_FOR_THE_UI = 2
 
 
 def ui_has_own_core(usable_cores: int, decode_threads: int) -> bool:
-    """Whether the UI thread can render at up to half a core without slowing the decode: the
-    decode's threads leave `SPARE_CORES_FOR_THE_UI` cores (see the module's doc)."""
+    """Whether the pacer gives the UI thread the budget of a core of its own (up to half a
+    core): the decode's threads leave it `SPARE_CORES_FOR_THE_UI` cores (see the module's doc)."""
     return usable_cores - decode_threads >= SPARE_CORES_FOR_THE_UI
 
 

@@ -1,21 +1,35 @@
-"""Decode tok/s of the TUI in a real terminal against `velo-chat ask`, same run, JSON and a table.
+"""Decode tok/s of the TUI as a user runs it against `velo-chat ask`: a fresh process per reply.
 
-The TUI runs as a user runs it: `velo-chat` in a tmux pane (a real pseudo-terminal: Textual's
-Linux driver writes every frame, tmux parses it), driven with `send-keys`. `velo-chat ask` runs
-the same turn from its own process: the same profile (greedy, the same max tokens, the same
-threads), the same prompt, the same conversation before it. The two alternate (ask first in even
-runs, the TUI first in odd ones) so both see the same machine. Each reply's decode rate is read
-from the stats the app stored in the session database (`messages.stats`), the same figure for
-both.
+A user starts `velo-chat` in a terminal, sends a message and reads the reply. So each measured
+TUI reply is one fresh `velo-chat` process in a fresh tmux server (a real pseudo-terminal of
+--size: Textual's Linux driver writes every frame and tmux parses it), driven with send-keys:
+started, the prompt sent, waited on until the reply stored in the session database is
+`complete`, quit. Against it runs one fresh `velo-chat ask --json` process, in a session of its
+own as from another terminal, with the same profile, prompt and conversation before it. The two
+alternate (the TUI first in even pairs, ask first in odd ones), so a load that comes and goes
+falls on both alike. Both rates are the `decode_tok_s` the app stored with the reply.
 
-Two cases: `short` (a new session) and `long` (a session already holding several thousand tokens
-of Markdown transcript, all on screen in the TUI, before the measured reply). Everything lives in
-a temporary VELO_CHAT_HOME with the default model linked in; nothing touches the user's files.
+Profiles (--profiles): shipped profiles as a user runs them, each overlaid with greedy sampling
+and --tokens max tokens (a user profile of the same name overlays the shipped one). Cases
+(--cases): `short`, a new session (--warm-turn: after a short turn, in the same TUI process and
+stored before the ask); `long`, a session already holding --long-words words of Markdown
+transcript, opened in the TUI (all of it in the transcript) and continued by `ask --session`
+from an identical copy. Everything lives in a temporary VELO_CHAT_HOME with the default model
+linked in; nothing touches the user's files.
 
-    .venv/bin/python benchmarks/tui_decode.py [--tokens 256] [--repeats 2] [--size 120x40]
+Each side of a pair records the 1-minute load average before it and `others_cores`: the cores
+the rest of the machine (tmux and this script included) used while it ran, from /proc/stat less
+the measured process's own CPU time (the TUI: from sending the prompt to the stored reply; ask:
+its whole run). Single pairs on a small shared machine swing by tens of percent: compare the
+medians of many pairs (--pairs), not of a few.
 
-`VELO_BENCH_PROFILE_TUI=FILE` runs the TUI under cProfile (its UI thread) and writes the stats
-to FILE when it quits; the figures of that run are then not comparable.
+    .venv/bin/python benchmarks/tui_decode.py [--pairs 8] [--profiles default,cpu-speculate]
+        [--cases short,long] [--tokens 300] [--warm-turn] [--size 120x40] [--ui-cpu]
+
+--ui-cpu runs the TUI under a small hook that also reports the share of a core its UI thread
+used over the decode (`ui_thread_cores`), and with VELO_BENCH_PROFILE_TUI=FILE runs it under
+cProfile (the stats of the last reply's process land in FILE); the TUI is then not quite the
+process a user starts.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shlex
 import shutil
 import sqlite3
@@ -32,12 +47,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 PROMPT = "Write a long story about a lighthouse keeper."
-PROFILE = "bench"
+WARM_PROMPT = "Say hello."
 READY_MARK = "reuses "  # the resume-cost line: shown once the model is loaded and idle
-BUSY_MARK = "Esc stops"  # the same line while a reply streams
 WORDS = (
     "the lighthouse keeper walked along rocky coast every evening while storms gathered over "
     "grey water and ships passed slowly beyond reef carrying timber salt wool letters from "
@@ -45,14 +61,12 @@ WORDS = (
     "that turned great lens village children climbed stairs asked questions about whales "
     "stars winter bread nets gulls"
 ).split()
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# The TUI runs under this hook. It watches the events on their way to the UI and, for each reply,
-# writes to VELO_BENCH_TOKENS the CPU seconds that the UI thread (the main thread's CPU clock),
-# the whole process and the tmux server (the pane's parent: `env` execs the app) used from the
-# first token to the last (to the end of the turn for tmux, read from schedstat), and the decode's
-# wall time: the UI's share of a core over the decode itself, without sampling. With
-# VELO_BENCH_PROFILE_TUI it also runs the app under cProfile and dumps the stats there when it
-# quits.
+# With --ui-cpu the TUI runs under this hook. It watches the events on their way to the UI and,
+# for the reply, writes to VELO_BENCH_TOKENS the CPU seconds the UI thread (the main thread's CPU
+# clock) used from the first token to the last, and the decode's wall time. With
+# VELO_BENCH_PROFILE_TUI it also runs the app under cProfile and dumps the stats there on quit.
 _TUI_HOOK = """\
 import cProfile, json, os, sys, threading, time
 import velo_chat.app.generation as generation
@@ -63,28 +77,17 @@ _record = generation.record
 _ui_clock = time.pthread_getcpuclockid(threading.main_thread().ident)
 
 
-def tmux_cpu():
-    try:
-        with open(f"/proc/{os.getppid()}/schedstat") as f:
-            return int(f.read().split()[0]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def record(events, turn):
     first = last = None
     for event in _record(events, turn):
         if isinstance(event, TokenDelta):
-            now = (event.t, time.clock_gettime(_ui_clock), time.process_time())
+            now = (event.t, time.clock_gettime(_ui_clock))
             if first is None:
-                first, tmux0 = now, tmux_cpu()
+                first = now
             last = now
         yield event
     if first is not None:
-        span = last[0] - first[0]
-        out = {"decode_s": round(span, 4), "ui_cpu_s": round(last[1] - first[1], 4)}
-        out["other_cpu_s"] = round(last[2] - first[2] - out["ui_cpu_s"], 4)
-        out["tmux_cpu_s"] = round(tmux_cpu() - tmux0, 4)
+        out = {"decode_s": round(last[0] - first[0], 4), "ui_cpu_s": round(last[1] - first[1], 4)}
         with open(os.environ["VELO_BENCH_TOKENS"], "a") as f:
             f.write(json.dumps(out) + "\\n")
 
@@ -105,26 +108,29 @@ sys.exit(code)
 
 
 def velo_cmd(*args: str, hooked: bool = False) -> list[str]:
-    """`velo-chat ARGS` with this interpreter (`hooked`: under the TUI hook above)."""
+    """`velo-chat ARGS` as a user starts it: the console script beside this interpreter (`hooked`:
+    this interpreter under the hook above)."""
     if hooked:
         return [sys.executable, "-c", _TUI_HOOK, *args]
+    script = Path(sys.executable).with_name("velo-chat")
+    if script.exists():
+        return [str(script), *args]
     return [sys.executable, "-m", "velo_chat.app.cli", *args]
 
 
 # -- the isolated home ------------------------------------------------------------------------
 
 
-def make_home(root: Path, model: Path, args: argparse.Namespace) -> Path:
+def make_home(root: Path, model: Path, profiles: list[str], tokens: int) -> Path:
+    """A VELO_CHAT_HOME with the default model linked in and each profile overlaid with greedy
+    sampling and `tokens` max tokens."""
     models = root / "data" / "models"
     models.mkdir(parents=True)
     (models / model.name).symlink_to(model)
-    profiles = root / "config" / "profiles"
-    profiles.mkdir(parents=True)
-    threads = args.threads if args.threads in ("auto",) else int(args.threads)
-    (profiles / f"{PROFILE}.toml").write_text(
-        f"[context]\nn_ctx = {args.n_ctx}\nn_threads = {json.dumps(threads)}\n"
-        f"[sampling]\ntemperature = 0.0\nmax_tokens = {args.tokens}\n"
-    )
+    overlays = root / "config" / "profiles"
+    overlays.mkdir(parents=True)
+    for name in profiles:
+        (overlays / f"{name}.toml").write_text(f"[sampling]\ntemperature = 0.0\nmax_tokens = {tokens}\n")
     return root
 
 
@@ -154,13 +160,13 @@ def markdown_reply(rng: random.Random, n_words: int) -> str:
     return "\n\n".join(out)
 
 
-def prefill_session(db: Path, title: str, words: int) -> str:
+def prefill_session(db: Path, profile: str, title: str, words: int) -> str:
     """A session holding `words` words of transcript (user questions and Markdown answers)."""
     from velo_chat.store import SessionStore
 
     rng = random.Random(7)  # the same transcript for every copy
     with SessionStore(db) as store:
-        session = store.create_session(PROFILE, title=title)
+        session = store.create_session(profile, title=title)
         written = 0
         while written < words:
             question = " ".join(rng.choices(WORDS, k=12)).capitalize() + "?"
@@ -171,60 +177,90 @@ def prefill_session(db: Path, title: str, words: int) -> str:
         return session.id
 
 
-def reply_stats(db: Path, after_id: int) -> tuple[int, dict] | None:
-    """The newest finished assistant reply with an id above `after_id`: (id, stats)."""
+def _query(db: Path, sql: str, args: tuple[Any, ...] = ()) -> Any:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        row = con.execute(
-            "SELECT id, stats FROM messages WHERE role = 'assistant' AND id > ? ORDER BY id DESC LIMIT 1",
-            (after_id,),
-        ).fetchone()
+        return con.execute(sql, args).fetchone()
     finally:
         con.close()
-    if row is None:
-        return None
-    stats = json.loads(row[1] or "{}")
-    return (row[0], stats) if "decode_tok_s" in stats else None
 
 
 def last_id(db: Path) -> int:
-    if not db.exists():
-        return 0
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    return int(_query(db, "SELECT COALESCE(MAX(id), 0) FROM messages")[0]) if db.exists() else 0
+
+
+def finished_reply(db: Path, after_id: int) -> tuple[int, str, dict[str, Any]] | None:
+    """The newest assistant reply with an id above `after_id` once it is stored `complete` with
+    its stats: (id, session id, stats)."""
+    row = _query(
+        db,
+        "SELECT id, session_id, status, stats FROM messages WHERE role = 'assistant' AND id > ? "
+        "ORDER BY id DESC LIMIT 1",
+        (after_id,),
+    )
+    if row is None or row[2] != "complete":
+        return None
+    stats = json.loads(row[3] or "{}")
+    return (row[0], row[1], stats) if "decode_tok_s" in stats else None
+
+
+# -- the machine ------------------------------------------------------------------------------
+
+
+def loadavg() -> float:
     try:
-        return con.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0]
-    finally:
-        con.close()
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (/proc/stat: not idle, not iowait)."""
+    try:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return float("nan")
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / CLK_TCK
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds process `pid` has used (every thread)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def others_cores(t0: float, busy0: float, own0: float, t1: float, busy1: float, own1: float) -> float:
+    """Cores the rest of the machine used between two samples."""
+    return round(max(0.0, (busy1 - busy0) - (own1 - own0)) / max(t1 - t0, 1e-9), 2)
 
 
 # -- the TUI in tmux --------------------------------------------------------------------------
 
 
 class TmuxApp:
-    def __init__(self, home: Path, size: tuple[int, int]) -> None:
-        self.socket = f"velo-bench-{os.getpid()}"
-        self.home = home
+    """One `velo-chat` TUI in a tmux server of its own (its socket in the run's folder)."""
+
+    def __init__(self, home: Path, profile: str, size: tuple[int, int], socket: Path, hooked: bool) -> None:
+        self.socket = socket
+        self.hooked = hooked
         self.tokens_log = home / "bench-tokens.jsonl"
-        env = {
-            "VELO_CHAT_HOME": str(home),
-            "TERM": "xterm-256color",
-            "COLORTERM": "truecolor",
-            "VELO_BENCH_TOKENS": str(self.tokens_log),
-        }
-        if os.environ.get("VELO_BENCH_PROFILE_TUI"):
-            env["VELO_BENCH_PROFILE_TUI"] = os.environ["VELO_BENCH_PROFILE_TUI"]
-        if os.environ.get("PYTHONPATH"):
-            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        argv = velo_cmd("--profile", PROFILE, hooked=True)
+        env = {"VELO_CHAT_HOME": str(home), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
+        for key in ("PYTHONPATH", "VELO_BENCH_PROFILE_TUI"):
+            if os.environ.get(key) and (hooked or key == "PYTHONPATH"):
+                env[key] = os.environ[key]
+        if hooked:
+            env["VELO_BENCH_TOKENS"] = str(self.tokens_log)
+        argv = velo_cmd("--profile", profile, hooked=hooked)
         cmd = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *argv])
         self._tmux("new-session", "-d", "-s", "app", "-x", str(size[0]), "-y", str(size[1]), cmd)
-
-    def wait_ready(self) -> None:
-        self.wait_for(lambda s: READY_MARK in s, 120, "the model to load")
+        self.pid = int(self._tmux("display-message", "-p", "-t", "app", "#{pane_pid}").strip())
 
     def _tmux(self, *args: str) -> str:
         return subprocess.run(
-            ["tmux", "-L", self.socket, *args], check=True, capture_output=True, text=True
+            ["tmux", "-S", str(self.socket), *args], check=True, capture_output=True, text=True
         ).stdout
 
     def screen(self) -> str:
@@ -236,7 +272,7 @@ class TmuxApp:
     def type(self, text: str) -> None:
         self._tmux("send-keys", "-t", "app", "-l", text)
 
-    def wait_for(self, ok, timeout: float, what: str) -> str:
+    def wait_for(self, ok: Callable[[str], bool], timeout: float, what: str) -> str:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             screen = self.screen()
@@ -245,8 +281,8 @@ class TmuxApp:
             time.sleep(0.2)
         raise RuntimeError(f"timed out waiting for {what}; the screen:\n{self.screen()}")
 
-    def idle(self) -> None:
-        self.wait_for(lambda s: READY_MARK in s and BUSY_MARK not in s, 60, "the app to be idle")
+    def wait_ready(self) -> None:
+        self.wait_for(lambda s: READY_MARK in s, 300, "the model to load")
 
     def open_session(self, title: str) -> None:
         """Filter the sidebar down to `title` and open it (keys retried: a loaded machine can
@@ -270,204 +306,262 @@ class TmuxApp:
         else:
             raise RuntimeError(f"session {title!r} did not open; the screen:\n{self.screen()}")
         self.keys("C-l")
-        self.idle()
+        self.wait_for(lambda s: READY_MARK in s, 60, "the resume-cost line")
 
     def new_session(self) -> None:
         self.keys("C-n")
         self.wait_for(lambda s: "new session" in s.splitlines()[0], 30, "a new session")
         self.keys("C-l")
 
+    def send(self, db: Path, prompt: str) -> tuple[dict[str, Any], float]:
+        """Send `prompt` and wait for its stored reply: (stats, cores the others used)."""
+        before = last_id(db)
+        self.type(prompt)
+        t0, busy0, own0 = time.monotonic(), busy_seconds(), process_cpu(self.pid)
+        self.keys("Enter")
+        end = time.monotonic() + 900
+        while (found := finished_reply(db, before)) is None:
+            if time.monotonic() > end:
+                raise RuntimeError(f"no reply stored; the screen:\n{self.screen()}")
+            time.sleep(0.25)
+        others = others_cores(t0, busy0, own0, time.monotonic(), busy_seconds(), process_cpu(self.pid))
+        return found[2], others
+
     def quit(self) -> None:
         try:
             self.keys("C-q")
-            end = time.monotonic() + 20
+            end = time.monotonic() + 30
             while time.monotonic() < end:
-                if subprocess.run(["tmux", "-L", self.socket, "has-session"], capture_output=True).returncode:
+                done = subprocess.run(["tmux", "-S", str(self.socket), "has-session"], capture_output=True)
+                if done.returncode:
                     return
                 time.sleep(0.2)
         finally:
-            subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True)
+            subprocess.run(["tmux", "-S", str(self.socket), "kill-server"], capture_output=True)
+            self.socket.unlink(missing_ok=True)
 
 
-def tui_turn(app: TmuxApp, db: Path, prompt: str) -> dict:
-    """The reply's stats, with the share of a core that the TUI's UI thread, its other threads
-    (the decode's among them) and the tmux server used from the first token to the last, as the
-    hook above measured them."""
-    before = last_id(db)
-    logged = app.tokens_log.read_text().count("\n") if app.tokens_log.exists() else 0
-    app.type(prompt)
-    app.keys("Enter")
-    end = time.monotonic() + 600
-    while (found := reply_stats(db, before)) is None:
-        if time.monotonic() > end:
-            raise RuntimeError(f"no reply stored; the screen:\n{app.screen()}")
-        time.sleep(0.5)
-    stats = dict(found[1])
-    app.idle()
-    lines = app.tokens_log.read_text().splitlines() if app.tokens_log.exists() else []
-    if len(lines) > logged:
-        cpu = json.loads(lines[-1])
-        if cpu["decode_s"] > 0:
-            for key, name in (
-                ("ui_thread_cores", "ui_cpu_s"),
-                ("tui_other_threads_cores", "other_cpu_s"),
-                ("tmux_cores", "tmux_cpu_s"),
-            ):
-                stats[key] = round(cpu[name] / cpu["decode_s"], 4)
-    return stats
+# -- one side of a pair -----------------------------------------------------------------------
 
 
-def ask_turn(home: Path, prompt: str, session: str | None) -> dict:
-    db = home / "data" / "sessions.sqlite3"
-    before = last_id(db)
-    args = ["ask", "--profile", PROFILE, "--json"] + (["--session", session] if session else []) + [prompt]
-    env = {**os.environ, "VELO_CHAT_HOME": str(home)}
-    env.pop("VELO_BENCH_PROFILE_TUI", None)
-    # its own session, as from a shell in another terminal: the TUI runs in tmux's (Linux
-    # shares the CPU between sessions first, so the same session would handicap one side)
-    subprocess.run(
-        velo_cmd(*args), env=env, check=True, capture_output=True, text=True, start_new_session=True
-    )
-    found = reply_stats(db, before)
-    if found is None:
-        raise RuntimeError("`velo-chat ask` stored no reply stats")
-    return found[1]
-
-
-# -- the run ----------------------------------------------------------------------------------
-
-
-def summary(stats: dict) -> dict:
+def side_summary(stats: dict[str, Any], load: float, others: float) -> dict[str, Any]:
     return {
         "decode_tok_s": stats["decode_tok_s"],
         "decode_tokens": stats.get("decode_tokens"),
         "prompt_tokens": stats.get("prompt_tokens"),
         "cached_tokens": stats.get("cached_tokens"),  # restored from a checkpoint or the live cache
         "decode_threads": stats.get("decode_threads"),  # averaged over the decode steps
-        **{k: stats[k] for k in ("ui_thread_cores", "tui_other_threads_cores", "tmux_cores") if k in stats},
         # wall time of the decode over llama.cpp's own eval time: what the process adds
         "wall_over_eval": round(stats["wall_ms"] / stats["llama_eval_ms"], 3)
         if stats.get("llama_eval_ms")
         else None,
+        "loadavg": load,
+        "others_cores": others,
     }
 
 
-def loadavg() -> float:
+def tui_side(run: Run, profile: str, case: str, pair: int) -> dict[str, Any]:
+    load = loadavg()
+    app = TmuxApp(run.home, profile, run.size, run.root / f"tmux-{pair}-{case}", run.args.ui_cpu)
     try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
-        return float("nan")
+        app.wait_ready()
+        if case == "long":
+            app.open_session(run.long_title(profile, pair, "tui"))
+        else:
+            app.new_session()
+            if run.args.warm_turn:
+                app.send(run.db, WARM_PROMPT)
+                app.wait_for(lambda s: READY_MARK in s, 60, "the app to be idle")
+        logged = len(app.tokens_log.read_text().splitlines()) if app.tokens_log.exists() else 0
+        stats, others = app.send(run.db, PROMPT)
+    finally:
+        app.quit()
+    out = side_summary(stats, load, others)
+    lines = app.tokens_log.read_text().splitlines() if app.tokens_log.exists() else []
+    if len(lines) > logged:
+        hook = json.loads(lines[-1])
+        if hook["decode_s"] > 0:
+            out["ui_thread_cores"] = round(hook["ui_cpu_s"] / hook["decode_s"], 4)
+    return out
 
 
-def run(args: argparse.Namespace) -> dict:
+def ask(run: Run, profile: str, prompt: str, session: str | None, max_tokens: int | None = None) -> float:
+    """One `velo-chat ask` process, in its own session as from another terminal (Linux shares
+    the CPU between sessions first, and the TUI has tmux's pane session). Returns its CPU time."""
+    args = ["ask", "--profile", profile, "--json"] + (["--session", session] if session else [])
+    args += ["--max-tokens", str(max_tokens)] if max_tokens else []
+    env = {**os.environ, "VELO_CHAT_HOME": str(run.home)}
+    env.pop("VELO_BENCH_PROFILE_TUI", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(
+        velo_cmd(*args, prompt), env=env, check=True, capture_output=True, text=True, start_new_session=True
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def ask_side(run: Run, profile: str, case: str, pair: int) -> dict[str, Any]:
+    session = run.long_sessions[profile, pair, "ask"] if case == "long" else None
+    if case == "short" and run.args.warm_turn:
+        before = last_id(run.db)
+        ask(run, profile, WARM_PROMPT, None)
+        warm = finished_reply(run.db, before)
+        if warm is None:
+            raise RuntimeError("`velo-chat ask` stored no warm-up reply")
+        session = warm[1]
+    load = loadavg()
+    before = last_id(run.db)
+    t0, busy0 = time.monotonic(), busy_seconds()
+    own = ask(run, profile, PROMPT, session)
+    others = others_cores(t0, busy0, 0.0, time.monotonic(), busy_seconds(), own)
+    found = finished_reply(run.db, before)
+    if found is None:
+        raise RuntimeError("`velo-chat ask` stored no reply stats")
+    return side_summary(found[2], load, others)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+class Run:
+    def __init__(self, args: argparse.Namespace, root: Path, home: Path) -> None:
+        self.args = args
+        self.root = root
+        self.home = home
+        self.db = home / "data" / "sessions.sqlite3"
+        width, height = (int(x) for x in args.size.split("x"))
+        self.size = (width, height)
+        self.long_sessions: dict[tuple[str, int, str], str] = {}
+        self.profiles = args.profiles.split(",")
+
+    def long_title(self, profile: str, pair: int, side: str) -> str:
+        """Short enough to show whole in the sidebar's filter box."""
+        return f"long-{self.profiles.index(profile)}-{pair}-{side}"
+
+
+def spread(ratios: list[float]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(ratios), "ratios": ratios, "median": round(statistics.median(ratios), 3)}
+    if len(ratios) >= 4:
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        out["quartiles"] = [round(q1, 3), round(q3, 3)]
+    out["worst"] = min(ratios)
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     from velo_chat.engine.setup import require_default_model
 
     model = require_default_model()  # the user's copy, before the home moves
     root = Path(tempfile.mkdtemp(prefix="velo-tui-bench-"))
-    home = make_home(root / "home", model, args)
-    db = home / "data" / "sessions.sqlite3"
+    profiles, cases = args.profiles.split(","), args.cases.split(",")
+    home = make_home(root / "home", model, profiles, args.tokens)
     os.environ["VELO_CHAT_HOME"] = str(home)
-    width, height = (int(x) for x in args.size.split("x"))
-    cases = args.cases.split(",")
-    long_sessions = {}
+    r = Run(args, root, home)
     if "long" in cases:
-        for r in range(args.repeats):
-            for side in ("tui", "ask"):
-                long_sessions[r, side] = prefill_session(db, f"bench-long-{r}-{side}", args.long_words)
+        for profile in profiles:
+            for pair in range(args.pairs):
+                for side in ("tui", "ask"):
+                    title = r.long_title(profile, pair, side)
+                    r.long_sessions[profile, pair, side] = prefill_session(
+                        r.db, profile, title, args.long_words
+                    )
     t0 = time.perf_counter()
     load_before = loadavg()
-    app = TmuxApp(home, (width, height))
-    runs = []
+    pairs = []
     try:
-        app.wait_ready()
-        app.new_session()
-        tui_turn(app, db, "Say hello.")  # warm-up, not counted
-        ask_turn(home, "Say hello.", None)
-        for r in range(args.repeats):
-            for case in cases:
-                pair = {}
-                order = ("ask", "tui") if r % 2 == 0 else ("tui", "ask")
-                for side in order:
-                    if side == "tui":
-                        if case == "long":
-                            app.open_session(f"bench-long-{r}-tui")
-                        else:
-                            app.new_session()
-                        pair["tui"] = summary(tui_turn(app, db, PROMPT))
-                    else:
-                        session = long_sessions[r, "ask"] if case == "long" else None
-                        pair["ask"] = summary(ask_turn(home, PROMPT, session))
-                pair["ratio"] = round(pair["tui"]["decode_tok_s"] / pair["ask"]["decode_tok_s"], 3)
-                runs.append({"run": r + 1, "case": case, "first": order[0], **pair})
-                print(
-                    f"run {r + 1} {case:5}: TUI {pair['tui']['decode_tok_s']:.1f} ask "
-                    f"{pair['ask']['decode_tok_s']:.1f} tok/s -> {pair['ratio']:.3f}",
-                    file=sys.stderr,
-                )
+        for profile in profiles:  # not counted: makes a requantized model, warms the page cache
+            ask(r, profile, WARM_PROMPT, None, max_tokens=8)
+        for pair in range(args.pairs):
+            for profile in profiles:
+                for case in cases:
+                    order = ("tui", "ask") if pair % 2 == 0 else ("ask", "tui")
+                    result: dict[str, Any] = {
+                        "pair": pair + 1,
+                        "profile": profile,
+                        "case": case,
+                        "first": order[0],
+                    }
+                    for side in order:
+                        result[side] = (tui_side if side == "tui" else ask_side)(r, profile, case, pair)
+                    result["ratio"] = round(result["tui"]["decode_tok_s"] / result["ask"]["decode_tok_s"], 3)
+                    pairs.append(result)
+                    if args.verbose:
+                        print(json.dumps(result), file=sys.stderr, flush=True)
+                    print(
+                        f"pair {pair + 1} {profile} {case:5}: TUI {result['tui']['decode_tok_s']:.1f} "
+                        f"ask {result['ask']['decode_tok_s']:.1f} tok/s -> {result['ratio']:.3f} "
+                        f"(load {result['tui']['loadavg']:.2f}/{result['ask']['loadavg']:.2f})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
-        app.quit()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    by_case = {}
-    for case in cases:
-        ratios = [x["ratio"] for x in runs if x["case"] == case]
-        by_case[case] = {
-            "ratios": ratios,
-            "median": round(statistics.median(ratios), 3),
-            "worst": min(ratios),
-        }
+    summary = {
+        f"{profile} {case}": spread(
+            [x["ratio"] for x in pairs if x["profile"] == profile and x["case"] == case]
+        )
+        for profile in profiles
+        for case in cases
+    }
     return {
         "benchmark": "tui_decode",
+        "method": "a fresh TUI process in tmux per reply against a fresh `ask` process, alternated",
         "model": model.name,
-        "terminal": f"tmux {width}x{height}",
+        "terminal": f"tmux {args.size}",
         "max_tokens": args.tokens,
-        "threads": args.threads,
-        "n_ctx": args.n_ctx,
+        "warm_turn": args.warm_turn,
         "prompt": PROMPT,
         "cpus": len(os.sched_getaffinity(0)),
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
-        "runs": runs,
-        "ratio_tui_over_ask": by_case,
+        "pairs": pairs,
+        "ratio_tui_over_ask": summary,
         "target": 0.95,
         "wall_s": round(time.perf_counter() - t0, 1),
         "home": str(root) if args.keep else None,
     }
 
 
-def table(result: dict) -> str:
-    head: tuple[str, ...] = ("run", "case", "first", "prompt tokens", "decode tokens", "TUI tok/s")
-    head += ("ask tok/s", "TUI/ask")
-    head += ("cached TUI/ask", "threads TUI/ask", "UI thread", "tmux")
+def table(result: dict[str, Any]) -> str:
+    head: tuple[str, ...] = ("pair", "profile", "case", "first", "TUI tok/s", "ask tok/s", "TUI/ask")
+    head += ("threads TUI/ask",)
+    head += ("load TUI/ask", "others' cores TUI/ask", "UI thread")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for x in result["runs"]:
-        tui, ask = x["tui"], x["ask"]
-        cells: tuple[object, ...] = (x["run"], x["case"], x["first"], f"{tui['prompt_tokens']:,}")
-        cells += (tui["decode_tokens"],)
-        cells += (f"{tui['decode_tok_s']:.1f}", f"{ask['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
-        cells += (f"{tui['cached_tokens']}/{ask['cached_tokens']}",)
-        cells += (f"{tui['decode_threads']}/{ask['decode_threads']}", tui.get("ui_thread_cores"))
-        cells += (tui.get("tmux_cores"),)
+    for x in result["pairs"]:
+        tui, ask_ = x["tui"], x["ask"]
+        cells: tuple[object, ...] = (x["pair"], x["profile"], x["case"], x["first"])
+        cells += (f"{tui['decode_tok_s']:.1f}", f"{ask_['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
+        cells += (f"{tui['decode_threads']}/{ask_['decode_threads']}",)
+        cells += (
+            f"{tui['loadavg']:.2f}/{ask_['loadavg']:.2f}",
+            f"{tui['others_cores']}/{ask_['others_cores']}",
+        )
+        cells += (tui.get("ui_thread_cores", ""),)
         rows.append("| " + " | ".join(str(c) for c in cells) + " |")
     rows.append("")
-    for case, c in result["ratio_tui_over_ask"].items():
+    for key, c in result["ratio_tui_over_ask"].items():
+        quartiles = f", quartiles {c['quartiles'][0]:.3f}-{c['quartiles'][1]:.3f}" if "quartiles" in c else ""
         rows.append(
-            f"{case}: median TUI/ask {c['median']:.3f}, worst {c['worst']:.3f} (target {result['target']})"
+            f"{key}: median TUI/ask {c['median']:.3f} over {c['n']} pairs{quartiles}, worst {c['worst']:.3f} "
+            f"(target {result['target']})"
         )
     rows.append(f"loadavg {result['loadavg_before']} before, {result['loadavg_after']} after")
     return "\n".join(rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=256, help="max tokens of each reply (greedy)")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=8, help="alternated pairs per profile and case")
+    parser.add_argument("--profiles", default="default", help="shipped profiles, comma-separated")
     parser.add_argument("--cases", default="short,long", help="short, long or both (comma-separated)")
+    parser.add_argument("--tokens", type=int, default=300, help="max tokens of each reply (greedy)")
+    parser.add_argument("--warm-turn", action="store_true", help="a short turn before the measured one")
     parser.add_argument("--size", default="120x40", help="the tmux pane, COLSxROWS")
-    parser.add_argument("--threads", default="auto", help='the profile\'s n_threads ("auto" or a number)')
-    parser.add_argument("--n-ctx", type=int, default=8192)
     parser.add_argument("--long-words", type=int, default=3600, help="transcript words before the long case")
+    parser.add_argument("--ui-cpu", action="store_true", help="run the TUI under the UI-thread hook")
     parser.add_argument("--keep", action="store_true", help="keep the temporary home (and print where)")
+    parser.add_argument("--verbose", action="store_true", help="each pair's JSON on stderr as it ends")
     parser.add_argument("--json-only", action="store_true")
     args = parser.parse_args()
     if shutil.which("tmux") is None:

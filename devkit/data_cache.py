@@ -2,7 +2,7 @@
 `.cache/test-data/` in the repo (ignored by git).
 
 It holds the SmolLM2 GGUF the engine tests run on and llama.cpp's chat templates
-(`llama_templates.py`). Everything else a test writes goes to temporary folders.
+(`tests/support/llama_templates.py`). Everything else a test writes goes to temporary folders.
 """
 
 from __future__ import annotations

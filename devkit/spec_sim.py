@@ -130,7 +130,7 @@ def simulate(
     """The stepper over `reply` (its first token sampled after the prompt): the virtual time
     of the reply's tokens after the first, against as many one-token steps back to back.
     `source`: the draft source beyond the prompt (the replay row: the plain reply, as
-    `Engine.spec_replay` gives it). `context`: the turn is one of that context's, which
+    `Diagnostics.spec_replay` gives it). `context`: the turn is one of that context's, which
     keeps its cost model across them where `settings.keep_costs` says so (None: a fresh
     context)."""
     tokens = len(reply) - 1  # the last token is never decoded
@@ -166,7 +166,7 @@ class StandInLive:
     next token of `text`."""
 
     hybrid = False
-    gpu_resident = False  # a context's cost model is learnt per turn (`speculation.turn_costs`)
+    gpu_resident = False  # a context's cost model is learnt per turn (`stepper.turn_costs`)
     max_draft = 16
     n_ctx = 1 << 30
 

@@ -160,9 +160,9 @@ class Diagnostics:
 
     @property
     def speculation(self) -> str:
-        """Speculation's state and guarantee on this setup, in words (`ModelLoaded.speculation`):
-        "off", "on: bit-identical to plain decoding", "on: plain decoding up to the batch
-        rounding (why)", or off and why."""
+        """Speculation's state and guarantee on this setup, in words
+        (`ModelLoaded.speculation.mode`): "off", "on: bit-identical to plain decoding", "on:
+        plain decoding up to the batch rounding (why)", or off and why."""
         info = self._engine.info
         return info.speculation.mode if info is not None and info.speculation is not None else ""
 

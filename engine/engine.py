@@ -243,7 +243,7 @@ class Engine(EngineFacts):
     def _speculation(self, enabled: bool) -> SpeculationSettings:
         """The profile's speculation settings as this setup may use them: nothing drafted
         where a verify batch rounds differently from one-token steps and the profile does
-        not accept that (`speculation.speculation_mode`, decided at load)."""
+        not accept that (`speculation.stepper.speculation_mode`, decided at load)."""
         spec = self._profile.speculation
         if self._spec_allowed:
             return spec if spec.enabled == enabled else dataclasses.replace(spec, enabled=enabled)

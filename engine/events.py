@@ -140,8 +140,9 @@ class PrefillProgress:
 @dataclass(frozen=True)
 class TokenDelta:
     """One sampled token. A thinking model's reply is split into reasoning and answer
-    (`thinking.py`): the reasoning text goes to `reasoning`, the answer's to `text`. Either may
-    be "" while a multi-byte character is incomplete or a reasoning marker may be starting."""
+    (`prompt/thinking.py`): the reasoning text goes to `reasoning`, the answer's to `text`.
+    Either may be "" while a multi-byte character is incomplete or a reasoning marker may be
+    starting."""
 
     text: str  # answer text
     token_id: int

@@ -11,7 +11,7 @@ Invariant: `tokens` is exactly what the context holds, in order. Every operation
 the context goes through this class and keeps it so, including the failure paths (a failed
 restore, truncation or rollback leaves an empty context and an empty list, never a stale one).
 
-Speculation (`speculation.py`) adds two operations: `verify` decodes a pending token and its
+Speculation (`speculation/stepper.py`) adds two operations: `verify` decodes a pending token and its
 draft in one batch with logits for every position, and `rollback` drops the rejected tail. An
 attention model drops any tail (`seq_rm`); a hybrid model keeps `n_rs_seq` recurrent-state
 snapshots of its last batch and can go back to one of them, once per batch, so its rollback
@@ -146,7 +146,7 @@ class LiveSequence:
         call runs eagerly while its CUDA graph is captured again, at several one-token steps'
         cost; a one-token step pays it every `KV_WINDOW` tokens,
         a verify batch of a size used now and then nearly every time (the speculation cost
-        model prices it: `spec_cost.CostModel.stale`). Prefill chunks are not followed: their
+        model prices it: `speculation.cost.CostModel.stale`). Prefill chunks are not followed: their
         graphs are another shape."""
         return self._windows.get(n) != self._window(n)
 

@@ -7,11 +7,11 @@ and the follow-up boundary after the reply. The last prompt token is therefore a
 its own, cold or restored alike, so both paths run the same arithmetic.
 
 On a hybrid model the state before the reply is saved earlier when the conversation's next turn
-will not keep the whole prompt (`save_points.py`: thinking templates rewrite the reply and drop
-the generation prompt's `<think>`): where every continuation still agrees with it. The end of the
-prompt minus one is then saved as well only when it is more than `RESTORE_MIN_GAIN` tokens
-further; otherwise a regenerate restores the earlier state and prefills those few tokens in the
-same batch a cold run does.
+will not keep the whole prompt (`checkpoints/save_points.py`: thinking templates rewrite the
+reply and drop the generation prompt's `<think>`): where every continuation still agrees with
+it. The end of the prompt minus one is then saved as well only when it is more than
+`RESTORE_MIN_GAIN` tokens further; otherwise a regenerate restores the earlier state and
+prefills those few tokens in the same batch a cold run does.
 """
 
 from __future__ import annotations
@@ -99,8 +99,9 @@ def _prefill_stops(
     start: int, end: int, interval: int, save_last: bool, stable: int | None = None
 ) -> list[int]:
     """Positions where the prefill pauses to save a checkpoint (the last one is `end`).
-    `stable`: how much of the prompt every continuation keeps (hybrid models, `save_points.py`);
-    when that is less than `end - 1`, the state before the reply is saved there."""
+    `stable`: how much of the prompt every continuation keeps (hybrid models,
+    `checkpoints/save_points.py`); when that is less than `end - 1`, the state before the reply
+    is saved there."""
     stops: set[int] = {end}
     if save_last and end - 1 > start:
         if stable is not None and start < stable < end - 1:

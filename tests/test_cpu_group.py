@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from velo_chat.engine.scheduling import cpu_group
+from velo_chat.engine.bench import load as bench_load
 from velo_chat.engine.bench.load import busy_processes
 
 
@@ -107,7 +108,7 @@ def test_busy_processes_that_cannot_join_their_cgroup_raise_instead_of_measuring
     exits at once: the benchmark says so rather than timing an idle machine as a busy one."""
     group = tmp_path / "velo-chat-busy"
     (group / "cgroup.procs").mkdir(parents=True)  # open(..., "w") fails on it
-    monkeypatch.setattr(cpu_group, "make_sibling", lambda name: group)
+    monkeypatch.setattr(bench_load, "make_sibling_cgroup", lambda name: group)
     with pytest.raises(cpu_group.CgroupError, match="could not join"):
         with busy_processes(2, cgroup=True, settle_s=0.5):
             pytest.fail("the block ran without its busy processes")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("app", "engine", "kernels", "store")
+from tests.support.imports import PRODUCT, ROOT, imported_modules, module_of
+
 DEV = ("devkit", "tests", "benchmarks")
 
 # folder -> module prefixes its files must not import
@@ -32,38 +32,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 for _folder in PRODUCT:
     FORBIDDEN[_folder] += DEV
-
-
-def module_of(path: Path) -> tuple[str, str]:
-    """The module a file is imported as and the package its relative imports start from:
-    `velo_chat.engine.llama.model` in `velo_chat.engine.llama` for engine/llama/model.py,
-    `devkit.spec_sim` in `devkit` for devkit/spec_sim.py."""
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[0] in PRODUCT:
-        parts.insert(0, "velo_chat")
-    if parts[-1] == "__init__":
-        parts.pop()
-        return ".".join(parts), ".".join(parts)
-    return ".".join(parts), ".".join(parts[:-1])
-
-
-def imported_modules(source: str, package: str) -> set[str]:
-    """Every module `source` imports, relative imports resolved against `package`;
-    `from P import name` counts as `P` and `P.name` (the name may be a submodule)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                where = ".".join([*base, node.module] if node.module else base)
-            else:
-                where = node.module or ""
-            found.add(where)
-            found.update(f"{where}.{alias.name}" for alias in node.names)
-    return found
 
 
 def _breaks(module: str, prefixes: tuple[str, ...]) -> bool:

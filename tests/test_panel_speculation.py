@@ -1,5 +1,5 @@
 """The live panel's speculation line follows what the engine made of the setting on the loaded
-model (`ModelLoaded.speculation`, from `speculation_mode`), not only the profile's switch: a
+model (`ModelLoaded.speculation.mode`, from `speculation_mode`), not only the profile's switch: a
 setup where verify batches would round differently and the profile does not accept that shows
 "off" with the reason, and the turn's drafts are not reported as if it drafted."""
 

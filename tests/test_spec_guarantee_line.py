@@ -1,4 +1,4 @@
-"""`Engine.speculation_if_enabled`: the guarantee line `bench --spec` prints above its "on"
+"""`Diagnostics.speculation_if_enabled`: the guarantee line `bench --spec` prints above its "on"
 column, what a profile that enables speculation gets on a setup (real SmolLM2 and the tiny
 hybrid qwen4exp)."""
 

@@ -1,7 +1,7 @@
-"""Speculation's parts without a model: the draft source (`spec_draft.NgramIndex`), the cost
-model and the draft length (`spec_cost`), the exactness rule (`speculation.exactness`), and the
-speculative-sampling rule as llama.cpp's sampler chain draws it. The engine-level tests on real
-models are in `test_speculation.py`."""
+"""Speculation's parts without a model: the draft source (`NgramIndex`, speculation/draft.py),
+the cost model and the draft length (speculation/cost.py), the exactness rule (`exactness`,
+speculation/stepper.py), and the speculative-sampling rule as llama.cpp's sampler chain draws
+it. The engine-level tests on real models are in `test_speculation.py`."""
 
 from __future__ import annotations
 

@@ -86,6 +86,14 @@ def test_profiles_take_auto_or_a_number_and_round_trip():
 # -- the governor, on recorded counters ------------------------------------------------------------
 
 
+def install_governor(ctx, governor: ThreadGovernor) -> None:
+    """Give a loaded context `governor`, starting from the counts the governor starts from:
+    the real governor it replaces may have lowered them already (on a busy machine), and a
+    governor only sets counts that differ from the ones it believes in place."""
+    ctx._governor = governor
+    ctx._set_threads(governor.decode, governor.batch)
+
+
 class Machine(CpuLoad):
     """`CpuLoad` over a simulated machine instead of /proc/stat: busy processes and our threads
     share the cores fairly, as the kernel's scheduler does."""
@@ -239,7 +247,7 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
             self.run(busy, engine._ctx.threads_now[0] if engine._ctx else 1)
             return self.now
 
-    engine._ctx._governor = ThreadGovernor(plan, probe=Flipping(plan.cores), interval=0.0)
+    install_governor(engine._ctx, ThreadGovernor(plan, probe=Flipping(plan.cores), interval=0.0))
     seen: list[int] = []
     diagnostics(engine).reset()
     tokens = []
@@ -452,7 +460,8 @@ def test_the_exact_cpu_profile_gives_a_busy_machine_its_prefill_threads(smollm2_
                 seen.add(ctx.threads_now)
                 return self.now
 
-        ctx._governor = ThreadGovernor(ctx.thread_plan, probe=Flipping(ctx.thread_plan.cores), interval=0.0)
+        flipping = Flipping(ctx.thread_plan.cores)
+        install_governor(ctx, ThreadGovernor(ctx.thread_plan, probe=flipping, interval=0.0))
         monkeypatch.setattr(turn_runner, "SpecStepper", forcing_stepper(oracle_session(spec, STORY, reply)))
         ids, done, _ = run_turn(spec, STORY, max_tokens=60, ignore_eos=True)
         assert ids == reply and done.stats.speculation.rounds > 5

@@ -3,10 +3,11 @@ the segments of one rendering.
 
 Counted with `PromptRenderer.renders` (one per `ChatTemplate.segments` call): the preview and the
 turn that follows share one rendering of the conversation; a hybrid model with checkpoints then
-renders the two placeholder continuations of its stable prefix (`save_points.py`), and every
-model renders one follow-up after the reply. The boundary cut from segments must be exactly the
-one found by difference (two follow-ups that differ only in the next question's text), for
-every chat template of llama.cpp's collection and replies with and without reasoning."""
+renders the two placeholder continuations of its stable prefix (`checkpoints/save_points.py`),
+and every model renders one follow-up after the reply. The boundary cut from segments must be
+exactly the one found by difference (two follow-ups that differ only in the next question's
+text), for every chat template of llama.cpp's collection and replies with and without
+reasoning."""
 
 from __future__ import annotations
 

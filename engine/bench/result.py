@@ -28,7 +28,7 @@ class BenchResult:
     n_threads: int
     hybrid: bool
     machine: str
-    threads: dict[str, Any] = field(default_factory=dict)  # the thread plan (threads.py)
+    threads: dict[str, Any] = field(default_factory=dict)  # the thread plan (scheduling/threads.py)
     prefill: list[dict[str, Any]] = field(default_factory=list)
     decode: dict[str, Any] = field(default_factory=dict)
     sections: dict[str, Any] = field(default_factory=dict)  # later sections (e.g. resume)

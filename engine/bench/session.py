@@ -6,8 +6,9 @@ The one-follow-up case (`engine/bench/resume.py`) resumes from the boundary the 
 one runs two replies first, as a session does, so it measures what a user sees on the third turn
 and shows whether the template lets the conversation be reused at all: thinking templates
 (Qwen3.5, QwQ, DeepSeek-R1, GLM) rewrite a reply once the conversation moves on, and before the
-save points of `save_points.py` a hybrid model reused nothing of such a session. `history_reused`
-is the share of the tokens before the new question that the fresh process did not prefill.
+save points of `checkpoints/save_points.py` a hybrid model reused nothing of such a session.
+`history_reused` is the share of the tokens before the new question that the fresh process did
+not prefill.
 
 It runs in two parts around the one-follow-up case, so a big model is loaded once and never
 twice at a time: `prepare` runs the turns with the benchmark's engine and keeps the checkpoint

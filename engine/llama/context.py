@@ -58,9 +58,9 @@ class LlamaContext:
         self, model: LlamaModel, settings: ContextSettings, *, n_gpu_layers: int = 0, n_rs_seq: int = 0
     ) -> None:
         """`n_gpu_layers` is the model's setting: whether every layer is on the GPU decides
-        what `"auto"` threads are (`threads.py`). `n_rs_seq`: recurrent-state snapshots kept per
-        sequence, so a hybrid model can roll back that many tokens of its last batch
-        (speculation); llama.cpp sets it to 0 for an architecture without the support."""
+        what `"auto"` threads are (`scheduling/threads.py`). `n_rs_seq`: recurrent-state
+        snapshots kept per sequence, so a hybrid model can roll back that many tokens of its
+        last batch (speculation); llama.cpp sets it to 0 for an architecture without the support."""
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll

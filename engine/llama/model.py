@@ -3,10 +3,10 @@
 Why not llama-cpp-python's `Llama` class: it never reuses a prefix on hybrid models, pickles its
 disk cache and dup2s the process's stdout/stderr when quiet (docs/architecture.md). This wrapper only owns
 the `llama_model*` and its vocabulary: tokenize, detokenize one token, end-of-generation checks,
-the chat template and a fingerprint. Contexts are in `llama_context.py`.
+the chat template and a fingerprint. Contexts are in `context.py`.
 
 Chat prompts are tokenized segment by segment (`tokenize_segments`): the template's own text with
-control tokens parsed, message text as plain text (`prompt_segments.py`, `prompt_tokens.py`).
+control tokens parsed, message text as plain text (`prompt/segments.py`, `prompt/tokens.py`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Templates are written for HuggingFace's `apply_chat_template`, so the environmen
 plus the `bos_token` / `eos_token` strings. The renderer is compiled once per model.
 
 `segments()` is what the engine tokenizes: the rendering cut into the template's own text and
-each message's text, so message text never becomes control tokens (`prompt_segments.py`).
+each message's text, so message text never becomes control tokens (`segments.py`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class ChatTemplate:
         variables: Mapping[str, Any] | None = None,
     ) -> list[Segment]:
         """The rendering cut into scaffolding and message text (a reply's reasoning is message
-        text too); the texts concatenate to `render(...)` (see `prompt_segments.py` for the one
+        text too); the texts concatenate to `render(...)` (see `segments.py` for the one
         exception: a template that rewrites message text containing control-token text sees
         placeholders for it)."""
         return self._splitter.split(

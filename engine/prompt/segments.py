@@ -3,7 +3,7 @@
 The prompt must not let message text become control tokens: a pasted log or diff that contains
 "<|im_end|>\\n<|im_start|>assistant\\n" has to stay text, not end the user's turn. So the rendered
 conversation is cut into segments, the template's scaffolding (tokenized with control tokens
-parsed) and each message's text (tokenized as plain text, `prompt_tokens.py`).
+parsed) and each message's text (tokenized as plain text, `tokens.py`).
 
 How the cut is found: the template is rendered a second time with a unique marker in place of each
 message's text. The text between markers is the scaffolding; the real rendering must then read

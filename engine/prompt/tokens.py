@@ -127,8 +127,8 @@ class PromptTokenizer:
 
         Long texts are remembered (least recently used first out, `_RUN_CACHE_TOKENS` tokens in
         all): besides the prompt (`rendered.py` renders it once per turn), a turn tokenizes the
-        continuations `save_points.py` renders and the follow-up boundary, and the history's
-        text is the same in each."""
+        continuations `checkpoints/save_points.py` renders and the follow-up boundary, and the
+        history's text is the same in each."""
         if len(text) < _RUN_CACHE_MIN_CHARS:
             return self._plain(text)
         hit = self._runs.get(text)

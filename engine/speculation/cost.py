@@ -95,7 +95,7 @@ class CostModel:
     fraction of a step.
 
     **Across turns.** Where `speculation.keep_costs` says so (by default with every layer on a GPU:
-    `speculation.turn_costs`), the context keeps its cost model (`LiveSequence.spec_costs`): a
+    `stepper.turn_costs`), the context keeps its cost model (`LiveSequence.spec_costs`): a
     turn starts from what earlier turns timed (`begin_turn`), not from the prior alone, so its
     first draft is priced with the new graphs it builds (a GPU turn's first drafts, priced by
     the prior alone, are its costliest steps). What an earlier turn timed is carried,
@@ -106,7 +106,7 @@ class CostModel:
     timing of a size, and its first timing of a new graph, replace the carried value outright
     (a cost timed high once, on a busy machine, would otherwise move back only a fifth of the
     way a sample). And where the carried costs decline a run of drafts that were right, the
-    stepper verifies one anyway so that it is timed again (`speculation.EXPLORE_STREAK`): a
+    stepper verifies one anyway so that it is timed again (`stepper.EXPLORE_STREAK`): a
     new graph's cost is not capped by any prior."""
 
     def __init__(self, slope: float = 0.5, alpha: float = 0.2, stale: float | None = None) -> None:

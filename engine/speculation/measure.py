@@ -1,5 +1,5 @@
 """Measurements of n-gram speculation on a backend, for `velo-chat bench --spec` and
-`benchmarks/spec_logits.py` (the stepper itself is `speculation.py`).
+`benchmarks/spec_logits.py` (the stepper itself is `stepper.py`).
 
 - `verify_batch_costs`: what a verify batch of n tokens costs against one token, with the
   graph of its shape reused (back-to-back verifies) or built anew (after another size);

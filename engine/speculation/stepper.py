@@ -36,7 +36,7 @@ turn once the batches have lost a few steps net (`GUARD_STEPS`), until a run of 
 would have been right says a copy has begun.
 
 What `velo-chat bench --spec` measures with it (verify-batch costs, the replay of a reply,
-batch against one-token logits) is in `spec_measure.py`.
+batch against one-token logits) is in `measure.py`.
 """
 
 from __future__ import annotations

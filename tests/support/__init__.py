@@ -1,1 +1,3 @@
-"""Test helpers that are not tests (model generators). Imported as `tests.support.*`."""
+"""Test helpers that are not tests and that only the tests use (fixtures, the scripted fake
+engine, fault servers); what the benchmarks share with the tests, the model generators among
+them, is in `devkit/`. Imported as `tests.support.*`."""

@@ -2,11 +2,11 @@
 (`tests/test_template_corpus.py`) and its reuse table.
 
 Each template gets its own copy of the model with that template in its GGUF metadata
-(`gguf_template.py`), so the engine runs exactly as it would on a model that ships it. Turns go
-through the app's own path (`start_turn` + `record` into a real session store), once with the
-replies as generated and once with every reply rewritten in the store to hold its reasoning
-inline (`<think>...</think>` before the answer), as a thinking model's replies do. Each
-follow-up is compared with a cold run of the same conversation in a second engine (no
+(`devkit/gguf_template.py`), so the engine runs exactly as it would on a model that ships it.
+Turns go through the app's own path (`start_turn` + `record` into a real session store), once
+with the replies as generated and once with every reply rewritten in the store to hold its
+reasoning inline (`<think>...</think>` before the answer), as a thinking model's replies do.
+Each follow-up is compared with a cold run of the same conversation in a second engine (no
 checkpoints, nothing live), token by token.
 
 The engines prefill one token per batch and run one thread: every path then runs the same float

@@ -39,8 +39,8 @@ def _mib(n: int | None) -> str:
 
 
 def speculation_line(mode: str) -> tuple[bool, str]:
-    """The panel's speculation line from the engine's mode (`ModelLoaded.speculation`): whether
-    it drafts, and in a few words its guarantee or why it does not draft."""
+    """The panel's speculation line from the engine's mode (`ModelLoaded.speculation.mode`):
+    whether it drafts, and in a few words its guarantee or why it does not draft."""
     if mode.startswith("on: bit-identical"):
         return True, "on (exact)"
     if mode.startswith("on"):
