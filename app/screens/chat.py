@@ -225,8 +225,8 @@ class ChatScreen(VeloScreen):
         # Where the decode leaves the UI no core, the engine starts once the new messages are
         # laid out and drawn: after a short prefill that frame would otherwise be drawn over the
         # decode's first tokens, taking their threads' time (docs/threads.md, "The TUI's own
-        # thread beside the decode"). With a core to spare, the frame and the prefill run side
-        # by side.
+        # thread beside the decode"). Where it leaves the UI a core of its own
+        # (`stream_pacer.ui_has_own_core`), the frame and the prefill run side by side.
         if self.model.info is not None and ui_shares_cores(self.model.info):
             self.call_after_refresh(self._generate, request)
         else:
