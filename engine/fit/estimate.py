@@ -10,8 +10,8 @@ arithmetic, so the table can be followed by hand. The formulas follow llama.cpp'
 - recurrent state: (conv + ssm state values) x 4 bytes per recurrent layer, x n_seq x (1 + n_rs_seq);
 - compute buffers: estimated from the graph's largest tensors (`compute_bytes`); with every
   layer on a GPU, the GPU's buffer and the pinned host buffer that holds the graph's inputs and
-  the CPU's split (`graph_inputs`, `cpu_split`); checked against llama.cpp's logs on the CPU and
-  on an H200 (docs/fit.md);
+  the CPU's split (`graph_inputs`, `cpu_split`); each term is checked against llama.cpp's own
+  logged buffers by benchmarks/fit_sweep.py (docs/fit.md; where: docs/results/fit.md);
 - checkpoints: the RAM budget plus the two states that may go past it (docs/checkpoints.md);
 - the PLE table: read into RAM, or kept on lazy mmap (page cache: reclaimable, but decode slows
   when it is evicted).
