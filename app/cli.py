@@ -7,6 +7,7 @@ Exit codes (README.md): 0 ok, 2 a user error (one line on stderr, no traceback),
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import logging
 import sys
@@ -259,27 +260,33 @@ def _setup_logging() -> None:
         print(f"velo-chat: warning: cannot write the log: {exc}", file=sys.stderr)
 
 
+# each subcommand's module, imported only when it runs: the TUI and a quick command do not
+# load the benchmark's machinery (`bench` imports every part of the engine)
+COMMAND_MODULES = {
+    "ask": "ask",
+    "profiles": "profiles",
+    "sessions": "sessions",
+    "bench": "bench",
+    "fetch-model": "fetch",
+    "doctor": "doctor",
+    "requantize": "requantize",
+}
+
+
 def dispatch(args: argparse.Namespace) -> int:
-    from .commands import ask, bench, config, doctor, fetch, profiles, requantize, sessions
     from .commands.fit_gate import forced
 
     if args.print_config:
+        from .commands import config
+
         return config.print_config(args.profile)
-    handlers = {
-        "ask": ask.run,
-        "profiles": profiles.run,
-        "sessions": sessions.run,
-        "bench": bench.run,
-        "fetch-model": fetch.run,
-        "doctor": doctor.run,
-        "requantize": requantize.run,
-    }
     if args.command is None:
         from .tui import run_tui
 
         return run_tui(args.profile)
+    command = importlib.import_module(f"{__package__}.commands.{COMMAND_MODULES[args.command]}")
     with forced(args.force):
-        return handlers[args.command](args)
+        return int(command.run(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
