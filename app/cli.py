@@ -47,6 +47,7 @@ def _bounded(kind: type, lo: float, hi: float | None = None):
 
 
 _positive = _bounded(int, 1)
+_nonnegative = _bounded(int, 0)
 _FORCE_HELP = "load the model even if the fit check says it does not fit in memory"
 _temperature = _bounded(float, 0.0, 5.0)
 _seed = _bounded(int, 0, 2**32 - 1)
@@ -83,12 +84,35 @@ def _ask(sub: Subcommands) -> None:
     ask.add_argument("--max-tokens", type=_positive, metavar="N")
     ask.add_argument("--temperature", type=_temperature, metavar="T")
     ask.add_argument("--seed", type=_seed, metavar="S")
+    ask.add_argument(
+        "-f",
+        "--file",
+        dest="files",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="attach a text file (repeatable; globs such as 'src/*.py' allowed): the model sees it "
+        "before the prompt, fenced and labelled with its path",
+    )
     redo = ask.add_mutually_exclusive_group()
     redo.add_argument(
-        "--regenerate", action="store_true", help="with --session: answer the last user message again"
+        "--regenerate",
+        nargs="?",
+        const=-1,
+        type=_nonnegative,
+        metavar="N",
+        help="with --session: answer reply N again (the last one without N), in a fork; the session "
+        "stays as it was ('sessions show ID' numbers the messages)",
     )
     redo.add_argument(
-        "--edit-last", action="store_true", help="with --session: replace the last user message with PROMPT"
+        "--edit",
+        type=_nonnegative,
+        metavar="N",
+        help="with --session: send PROMPT in place of your message N, in a fork holding the messages "
+        "before it; the session stays as it was",
+    )
+    redo.add_argument(
+        "--edit-last", action="store_true", help="with --session: --edit with your last message"
     )
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
@@ -158,6 +182,13 @@ def _bench(sub: Subcommands) -> None:
         help="conversation size for the resume section (cold/warm/disk TTFT)",
     )
     bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
+    bench.add_argument(
+        "--attach",
+        action="store_true",
+        help="also run the attach section: a coding session with a source file attached (the first "
+        "lines of the standard library's argparse.py, as many as the context holds), then a "
+        "follow-up's TTFT cold and from the disk checkpoints in a fresh process",
+    )
     bench.add_argument(
         "--ple",
         default="",

@@ -2,9 +2,16 @@
 
 The CLI (`velo-chat ask`) and the TUI's generation worker both use it, so a conversation is
 built and persisted the same way everywhere: `turn_messages` is the one place a turn's messages
-are built from the store (turns, the resume-cost preview, regenerate, edit-last-message), and
-the engine's `Reply` the one place a reply's text is accumulated as it streams. A turn:
+are built from the store (turns, the resume-cost preview, revisions), and the engine's `Reply`
+the one place a reply's text is accumulated as it streams.
 
+History is never rewritten: revising a message or answering one again (`Revision`) runs the
+turn in a fork that holds the messages before it, so the session, and every checkpoint saved
+for it, stay as they were; the fork's prefix is the session's, so it resumes from those
+checkpoints. A turn:
+
+0. it takes the session's writer lock (`SessionStore.writer`), so a second process (another
+   `ask`, the TUI) waits instead of interleaving its turn, and reads the history under it;
 1. the user's message and an assistant row with status "interrupted" are written in one
    transaction once the engine accepted the turn (a crash later never loses the message, and a
    failed write leaves nothing half-done: the caller gives the text back to the user);
@@ -16,9 +23,11 @@ the engine's `Reply` the one place a reply's text is accumulated as it streams. 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +40,13 @@ from velo_chat.engine import (
     TurnDone,
     TurnFailed,
     TurnHandle,
+    render_block,
+    render_user_content,
 )
 from velo_chat.engine.config import Profile
-from velo_chat.store import Message, Session, SessionStore, StoreError
+from velo_chat.store import Attachment, Message, Session, SessionStore, StoreError
 
+from .attachments import room_refusal
 from .errors import UserError
 
 log = logging.getLogger(__name__)
@@ -42,14 +54,18 @@ log = logging.getLogger(__name__)
 
 def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[ChatMessage]:
     """The conversation the model sees: the session's system prompt, then every message that
-    has text (failed replies with no text are left out). A reply's reasoning goes to the
+    has text (failed replies with no text are left out). A user message's attached files come
+    before its typed text (`attachments.render_user_content`). A reply's reasoning goes to the
     template as `reasoning_content`: the template decides where it shows (Qwen3 keeps only the
     last reply's) and whether at all."""
     out = [ChatMessage("system", system_prompt)] if system_prompt else []
     for m in messages:
         if m.role == "system" or (m.status == "error" and not m.content and not m.reasoning):
             continue
-        out.append(ChatMessage(m.role, m.content, m.reasoning if m.role == "assistant" else ""))
+        if m.role == "user":
+            out.append(ChatMessage("user", render_user_content(m.attachments, m.content)))
+        else:
+            out.append(ChatMessage(m.role, m.content, m.reasoning if m.role == "assistant" else ""))
     return out
 
 
@@ -59,43 +75,108 @@ def last_user_message(messages: Sequence[Message]) -> Message | None:
 
 
 @dataclass(frozen=True)
+class Revision:
+    """A turn that revises the session at a user message: it runs in a fork holding the
+    messages before `position`, with the revised (or, to regenerate, the same) question.
+    The session itself is never changed (its checkpoints stay valid)."""
+
+    position: int  # the user message replaced in the fork
+    text: str  # its text as stored (a regenerate sends it again)
+    attachments: tuple[Attachment, ...]  # its files as stored
+
+
+def revision_at(messages: Sequence[Message], position: int, *, regenerate: bool) -> Revision:
+    """The revision of message `position` (the CLI's `--edit N` / `--regenerate N`, the TUI's
+    keys on a focused message). `regenerate`: `position` names a reply, answered again from the
+    question before it; else it names the user's message to revise. A position that names no
+    such message raises `UserError`."""
+    by_position = {m.position: m for m in messages}
+    message = by_position.get(position)
+    if message is None:
+        last = messages[-1].position if messages else -1
+        raise UserError(f"the session has no message {position} (its messages are 0 to {last})")
+    if regenerate:
+        if message.role != "assistant":
+            raise UserError(
+                f"message {position} is not a reply (--edit {position} revises a message of yours)"
+            )
+        question = by_position.get(position - 1)
+        if question is None or question.role != "user":
+            raise UserError(f"reply {position} does not follow a message of yours")
+        message = question
+    elif message.role != "user":
+        raise UserError(f"message {position} is not yours (--regenerate {position} answers it again)")
+    return Revision(message.position, message.content, message.attachments)
+
+
+def last_revision(messages: Sequence[Message]) -> Revision:
+    """The revision of the last user message (regenerate the last reply, edit the last
+    question); `UserError` when there is none."""
+    last = last_user_message(messages)
+    if last is None:
+        raise UserError("the session has no user message to regenerate or edit")
+    return Revision(last.position, last.content, last.attachments)
+
+
+@dataclass(frozen=True)
 class TurnMessages:
     """What a turn that sends `text` now gives the engine, and where it goes in the store."""
 
-    messages: list[ChatMessage]  # the session's system prompt, its history, then `text`
-    text: str  # the user's message
+    messages: list[ChatMessage]  # the session's system prompt, its history, then the new message
+    text: str  # the user's typed text
+    attachments: tuple[Attachment, ...]  # the files it carries
     system_prompt: str  # the session's, or the profile's for a new session
-    replace_after: int | None = None  # rewind: the stored messages after this position go
+    fork_before: int | None = None  # a revision: the turn runs in a fork of the messages before this
 
 
 def turn_messages(
     store: SessionStore,
     session: Session | None,
     profile: Profile,
-    text: str | None,
+    text: str,
     *,
-    rewind: bool = False,
+    attachments: Sequence[Attachment] = (),
+    revise_at: int | None = None,
 ) -> TurnMessages:
     """The one place a turn's messages are built from the store: for a turn (the TUI and
-    `velo-chat ask`), the resume-cost preview, regenerate and edit-last-message.
+    `velo-chat ask`), the resume-cost preview, and revisions.
 
-    `rewind` replaces the last user message and everything after it: regenerate with the same
-    text (`text` None: the stored question's), edit-last-message with a new one. A session
-    with no user message raises `UserError`."""
+    `revise_at`: the turn revises the session at that user message (`Revision.position`): the
+    history is the messages before it, and the turn is stored in a fork (`start_turn`)."""
     system_prompt = session.system_prompt if session else profile.system_prompt
     stored = store.messages(session.id) if session else []
-    replace_after = None
-    if rewind:
-        last = last_user_message(stored)
-        if session is None or last is None:
-            raise UserError("the session has no user message to regenerate or edit")
-        replace_after = last.position - 1
-        stored = [m for m in stored if m.position < last.position]
-        text = last.content if text is None else text
-    if text is None:
-        raise ValueError("a turn needs a text unless it asks the last question again")
-    messages = engine_messages(system_prompt, stored) + [ChatMessage("user", text)]
-    return TurnMessages(messages, text, system_prompt, replace_after)
+    if revise_at is not None:
+        if session is None:
+            raise UserError("a revision needs a session")
+        stored = [m for m in stored if m.position < revise_at]
+    files = tuple(attachments)
+    new = ChatMessage("user", render_user_content(files, text))
+    return TurnMessages(engine_messages(system_prompt, stored) + [new], text, files, system_prompt, revise_at)
+
+
+def check_room(engine: EngineAPI, planned: TurnMessages) -> None:
+    """Refuse attached files that do not fit the context's room, saying both token counts
+    (`UserError`, before anything is stored). The engine would refuse the whole prompt anyway;
+    this says which part is too big. A remote engine cannot count tokens: its server refuses."""
+    if not planned.attachments or engine.info is None:
+        return
+    counts = [engine.count_tokens(render_block(a)) for a in planned.attachments]
+    known = [c for c in counts if c is not None]
+    if len(known) < len(counts):
+        return
+    without_files = planned.messages[:-1] + [ChatMessage("user", planned.text)]
+    prompt_tokens = engine.preview(without_files).prompt_tokens
+    refusal = room_refusal(sum(known), prompt_tokens, engine.info.n_ctx)
+    if refusal:
+        raise UserError(refusal)
+
+
+def empty_reply_reason(done: TurnDone) -> str | None:
+    """Why a complete reply has no text at all (stored with it and said to the user), or None
+    when it has some. A reply is never stored empty and complete without a reason."""
+    if done.text or done.reasoning or done.stats.finish_reason in ("cancelled", "interrupted"):
+        return None
+    return f"the model ended its reply before writing anything (finish reason: {done.stats.finish_reason})"
 
 
 @dataclass
@@ -104,7 +185,8 @@ class RecordedTurn:
 
     A store error (a locked or full disk) never stops the reply: the text keeps streaming and
     is kept here, the next flush tries again, and `saved`/`save_error` tell the caller whether
-    the final row made it, so it can show the text and say it was not saved."""
+    the final row made it, so it can show the text and say it was not saved. `release` lets go
+    of the session's writer lock (`SessionStore.writer`) once the reply is stored."""
 
     store: SessionStore
     session: Session
@@ -114,6 +196,8 @@ class RecordedTurn:
     streamed: Reply = field(default_factory=Reply)  # the reply so far
     saved: bool = True
     save_error: str | None = None
+    empty_reason: str | None = None  # set when the reply ended complete with no text
+    release: Callable[[], None] = lambda: None
     _last_flush: float = field(default_factory=time.monotonic)
 
     def _update(self, **changes: Any) -> bool:
@@ -137,13 +221,17 @@ class RecordedTurn:
             # cancelled by the user, or cut by a remote server: what came is kept, marked so
             cut = event.stats.finish_reason in ("cancelled", "interrupted")
             status = "interrupted" if cut else "complete"
+            stats = event.stats.to_json()
+            self.empty_reason = empty_reply_reason(event)
+            if self.empty_reason:
+                stats["empty_reply"] = self.empty_reason
             self._update(
                 content=event.text,
                 reasoning=event.reasoning,
                 status=status,
                 prompt_tokens=event.stats.prompt_tokens,
                 completion_tokens=event.stats.decode_tokens,
-                stats=event.stats.to_json(),
+                stats=stats,
             )
         elif isinstance(event, TurnFailed):
             self._update(
@@ -161,9 +249,10 @@ class RecordedTurn:
 @dataclass(frozen=True)
 class StartedTurn:
     session: Session
-    created: bool  # a new session was made for this turn
+    created: bool  # a new session was made for this turn (a first turn, or a revision's fork)
     events: TurnHandle
     recorded: RecordedTurn
+    forked_from: Session | None = None  # a revision: the session the fork was taken from
 
 
 def start_turn(
@@ -173,36 +262,54 @@ def start_turn(
     session: Session | None,
     profile: Profile,
     text: str,
-    rewind: bool = False,
+    attachments: Sequence[Attachment] = (),
+    revise_at: int | None = None,
+    working_dir: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
     **turn_kwargs: Any,
 ) -> StartedTurn:
     """Build the conversation, have the engine accept the turn, then write it.
 
-    The engine sees the prompt first, so a user error (a prompt that does not fit, no chat
-    template) raises before anything is stored. `rewind` replaces the last user message and
-    everything after it (regenerate: the same text; edit-last-message: a new one) — deleted only
-    once the engine has accepted the new turn."""
-    planned = turn_messages(store, session, profile, text, rewind=rewind)
-    events = engine.turn(planned.messages, **turn_kwargs)
-    try:
-        created = session is None
-        if session is None:
-            session = store.create_session(
-                profile.name,
-                system_prompt=planned.system_prompt,
-                model_fingerprint=engine.info.fingerprint if engine.info else "",
-            )
+    One writer per session: a turn that adds to a stored session holds its writer lock
+    (`SessionStore.writer`) from reading the history until the reply is stored (released by
+    `record`), so two processes never interleave their turns; `on_wait` is told once when
+    another holds it, and `cancel` stops the wait (`SessionBusy`). The engine sees the prompt
+    before anything is written, so a user error (a prompt that does not fit, no chat template)
+    leaves the store as it was. `revise_at`: the turn runs in a new fork of the session holding
+    the messages before that position (the session itself is not changed). A new session
+    records `working_dir`, the folder its attached paths are relative to."""
+    with contextlib.ExitStack() as lock:
+        if session is not None and revise_at is None:
+            lock.enter_context(store.writer(session.id, on_wait=on_wait, cancel=cancel))
+            session = store.get_session(session.id)  # another process may have changed it
+        planned = turn_messages(store, session, profile, text, attachments=attachments, revise_at=revise_at)
+        check_room(engine, planned)
+        events = engine.turn(planned.messages, cancel=cancel, **turn_kwargs)
+        parent = session if revise_at is not None else None
         try:
-            user, reply = store.add_exchange(session.id, text, replace_after=planned.replace_after)
+            created = session is None or revise_at is not None
+            if session is None:
+                session = store.create_session(
+                    profile.name,
+                    system_prompt=planned.system_prompt,
+                    model_fingerprint=engine.info.fingerprint if engine.info else "",
+                    working_dir=working_dir,
+                )
+            elif revise_at is not None:
+                session = store.fork_before(session.id, revise_at)
+            try:
+                user, reply = store.add_exchange(session.id, text, attachments=planned.attachments)
+            except BaseException:
+                if created:  # leave no empty session (or empty fork) behind
+                    _delete_quietly(store, session.id)
+                raise
         except BaseException:
-            if created:  # leave no empty session behind
-                _delete_quietly(store, session.id)
+            events.close()  # the engine's turn never started: release it
             raise
-    except BaseException:
-        events.close()  # the engine's turn never started: release it
-        raise
-    session = store.get_session(session.id)  # its title and time changed with the message
-    return StartedTurn(session, created, events, RecordedTurn(store, session, user, reply))
+        session = store.get_session(session.id)  # its title and time changed with the message
+        recorded = RecordedTurn(store, session, user, reply, release=lock.pop_all().close)
+    return StartedTurn(session, created, events, recorded, parent)
 
 
 def _delete_quietly(store: SessionStore, session_id: str) -> None:
@@ -213,7 +320,8 @@ def _delete_quietly(store: SessionStore, session_id: str) -> None:
 
 
 def record(events: Iterator[EngineEvent], turn: RecordedTurn) -> Iterator[EngineEvent]:
-    """Pass events through while recording them; an early stop marks the reply interrupted."""
+    """Pass events through while recording them; an early stop marks the reply interrupted.
+    The session's writer lock is released once the reply is stored, however the turn ends."""
     finished = False
     try:
         for event in events:
@@ -221,5 +329,8 @@ def record(events: Iterator[EngineEvent], turn: RecordedTurn) -> Iterator[Engine
             finished = finished or isinstance(event, (TurnDone, TurnFailed))
             yield event
     finally:
-        if not finished:
-            turn.interrupted()
+        try:
+            if not finished:
+                turn.interrupted()
+        finally:
+            turn.release()

@@ -29,10 +29,11 @@ from velo_chat.engine import (
     TurnDone,
     TurnFailed,
     TurnStarted,
+    render_block,
     usable_cores,
 )
 from velo_chat.engine.config import Profile, ReasoningSettings
-from velo_chat.store import Session, SessionStore
+from velo_chat.store import Attachment, Session, SessionStore
 
 from .conversation import RecordedTurn, record, start_turn, turn_messages
 from .engine_host import EngineHost
@@ -51,6 +52,7 @@ from .messages import (
     TurnBegan,
     TurnEnded,
     TurnRejected,
+    TurnWaiting,
 )
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,10 @@ class TurnRequest:
     text: str
     session: Session | None  # None: create one when the engine accepts the turn
     profile: Profile
-    rewind: bool = False  # regenerate: `text` replaces the last user message and its reply
+    attachments: tuple[Attachment, ...] = ()  # the files the message carries
+    revise_at: int | None = None  # a revision: the turn runs in a fork before this message
+    regenerate: bool = False  # the revision asks the stored question again (nothing to give back)
+    working_dir: str | None = None  # a new session's folder (its attached paths are relative to it)
     reasoning: ReasoningSettings | None = None  # None: the profile's (the thinking key flips it)
     # Pace updates by the UI thread's CPU (stream_pacer.py). Tests turn it off: the pace would
     # depend on the machine, and a scripted engine's clock is not the UI's.
@@ -218,7 +223,7 @@ def run_turn(
     with host.lock:
         engine = host.engine
         if engine is None or engine.info is None:
-            post(TurnRejected("the model is not loaded", req.text, req.rewind))
+            post(TurnRejected("the model is not loaded", req.text, req.attachments, not req.regenerate))
             return
         try:
             started = start_turn(
@@ -227,7 +232,10 @@ def run_turn(
                 session=req.session,
                 profile=req.profile,
                 text=req.text,
-                rewind=req.rewind,
+                attachments=req.attachments,
+                revise_at=req.revise_at,
+                working_dir=req.working_dir,
+                on_wait=lambda holder: post(TurnWaiting(holder)),
                 sampling=req.profile.sampling,
                 reasoning=req.reasoning_settings,
                 cancel=cancel,
@@ -235,10 +243,10 @@ def run_turn(
         except Exception as exc:  # nothing was stored (start_turn writes in one transaction)
             if not isinstance(exc, USER_ERRORS):
                 log.exception("a turn could not start")
-            post(TurnRejected(_reason(exc), req.text, req.rewind))
+            post(TurnRejected(_reason(exc), req.text, req.attachments, not req.regenerate))
             return
         turn = started.recorded
-        post(TurnAccepted(started.session, started.created, turn.user, turn.reply))
+        post(TurnAccepted(started.session, started.created, turn.user, turn.reply, started.forked_from))
         _stream(engine.info, turn, started.events, post, cancel, is_cancelled, req.paced)
 
 
@@ -309,6 +317,7 @@ def _stream(
             saved=turn.saved,
             save_error=turn.save_error,
             reasoning=reply.reasoning,
+            empty_reason=turn.empty_reason,
         )
     )
 
@@ -343,12 +352,21 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
         engine = host.engine
         if engine is None or not host.loaded:
             return
+        file_tokens: tuple[int | None, ...] = ()
         try:
-            planned = turn_messages(store, req.session, req.profile, req.text, rewind=req.rewind)
+            planned = turn_messages(
+                store,
+                req.session,
+                req.profile,
+                req.text,
+                attachments=req.attachments,
+                revise_at=req.revise_at,
+            )
             preview = engine.preview(planned.messages, reasoning=req.reasoning_settings)
+            file_tokens = tuple(engine.count_tokens(render_block(a)) for a in req.attachments)
         except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
             _log_preview_failure(host, exc)
             preview = None
     finally:
         host.lock.release()
-    post(PreviewReady(preview))
+    post(PreviewReady(preview, file_tokens))

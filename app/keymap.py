@@ -18,7 +18,7 @@ class KeyAction:
     key: str
     action: str  # a Textual action string, run on the widget that holds the binding
     description: str
-    scope: str  # "app", "chat", "sessions", "message", "composer", "settings"
+    scope: str  # "app", "chat", "sessions", "message", "composer", "queue", "chips", "settings"
     show: bool = True  # in the footer
     priority: bool = False
     palette_action: str | None = None  # screen-level action the palette runs (None: `action`)
@@ -36,7 +36,15 @@ ACTIONS: tuple[KeyAction, ...] = (
         "chat.focus_filter", "ctrl+f", "focus_filter", "Filter sessions", "chat", show=False, priority=True
     ),
     KeyAction("session.new", "ctrl+n", "new_session", "New session", "chat"),
-    KeyAction("chat.regenerate", "ctrl+r", "regenerate", "Regenerate the last reply", "chat", show=False),
+    KeyAction(
+        "chat.regenerate",
+        "ctrl+r",
+        "regenerate",
+        "Answer the last question again (in a fork)",
+        "chat",
+        show=False,
+    ),
+    KeyAction("chat.send_queue", "ctrl+s", "send_queue", "Send the queued messages", "chat", show=False),
     KeyAction(
         "chat.toggle_thinking",
         "ctrl+g",
@@ -104,6 +112,28 @@ ACTIONS: tuple[KeyAction, ...] = (
         "message",
         palette_action=None,
     ),
+    KeyAction("message.toggle_files", "o", "toggle_files", "Show/hide attached files", "message"),
+    KeyAction(
+        "message.revise",
+        "e",
+        "screen.revise_message",
+        "Revise this message of yours (sent in a fork)",
+        "message",
+        palette_action="revise_message",
+    ),
+    KeyAction(
+        "message.regenerate",
+        "r",
+        "screen.regenerate_message",
+        "Answer this again (in a fork)",
+        "message",
+        palette_action="regenerate_message",
+    ),
+    KeyAction("queue.edit", "e,enter", "edit", "Edit the queued message", "queue"),
+    KeyAction("queue.remove", "d,delete", "remove", "Remove the queued message", "queue"),
+    KeyAction("chips.remove", "delete,backspace", "remove", "Detach the file", "chips"),
+    KeyAction("chips.previous", "left", "previous_chip", "Previous attached file", "chips", show=False),
+    KeyAction("chips.next", "right", "next_chip", "Next attached file", "chips", show=False),
     KeyAction("composer.send", "enter", "submit", "Send", "composer", priority=True),
     KeyAction("composer.newline", "ctrl+j,alt+enter,shift+enter", "newline", "New line", "composer"),
     KeyAction("settings.save", "ctrl+s", "save", "Save profile", "settings", priority=True),
@@ -121,6 +151,8 @@ SCOPE_TITLES = {
     "sessions": "Session list (focused)",
     "message": "A message (focused)",
     "composer": "Input",
+    "queue": "A queued message (focused)",
+    "chips": "An attached file (focused)",
     "settings": "Settings screen",
 }
 
@@ -137,3 +169,12 @@ def bindings(scope: str) -> list[BindingType]:
 def effective_key(action: KeyAction, keymap: dict[str, str]) -> str:
     """The key(s) an action is on once the user's keymap is applied."""
     return keymap.get(action.id, action.key)
+
+
+def key_label(keys: str) -> str:
+    """How a hint names a binding's first key: "ctrl+s" -> "Ctrl+S", "escape" -> "Esc"."""
+    first = keys.split(",")[0].strip()
+    names = {"escape": "Esc", "enter": "Enter", "delete": "Delete", "backspace": "Backspace"}
+    return "+".join(
+        names.get(part, part.capitalize() if len(part) > 1 else part.upper()) for part in first.split("+")
+    )

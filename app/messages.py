@@ -22,7 +22,7 @@ from velo_chat.engine import (
 )
 from velo_chat.engine.config import Profile
 from velo_chat.store import Message as StoredMessage
-from velo_chat.store import Session
+from velo_chat.store import Attachment, Session
 
 
 @dataclass
@@ -59,7 +59,15 @@ class TurnRejected(Message):
 
     reason: str
     text: str  # the user's text, given back to the composer
-    rewind: bool = False  # a regenerate: the question is still stored, nothing to give back
+    attachments: tuple[Attachment, ...] = ()  # its files, given back to the chips
+    give_back: bool = True  # False for a regenerate: the question is still stored
+
+
+@dataclass
+class TurnWaiting(Message):
+    """Another process holds the session's writer lock (a turn of its own): this turn waits."""
+
+    holder: str  # who, as the lock file says ("process 1234")
 
 
 @dataclass
@@ -67,9 +75,10 @@ class TurnAccepted(Message):
     """The user's message and the placeholder reply are stored; streaming follows."""
 
     session: Session
-    created: bool  # a new session was created for this turn
+    created: bool  # a new session was created for this turn (a first turn or a revision's fork)
     user: StoredMessage
     reply: StoredMessage
+    forked_from: Session | None = None  # a revision: the session it forked, which stays as it was
 
 
 @dataclass
@@ -118,8 +127,10 @@ class TurnEnded(Message):
     saved: bool = True  # False: the store refused the reply; the text is only on screen
     save_error: str | None = None
     reasoning: str = ""  # the reply's reasoning as it streamed
+    empty_reason: str | None = None  # a complete reply with no text: why (stored with it)
 
 
 @dataclass
 class PreviewReady(Message):
     preview: ResumePreview | None
+    file_tokens: tuple[int | None, ...] = ()  # each attached file's tokens (None: unknown)

@@ -54,6 +54,7 @@ from .events import (
     TurnStats,
 )
 from .prompt.chat_template import ChatMessage
+from .prompt.files import FileText, render_block, render_user_content
 from .reply import Reply
 from .prompt.thinking import ThinkingSupport
 from .scheduling.threads import preview_plan as preview_thread_plan
@@ -65,6 +66,9 @@ __all__ = [
     "TurnHandle",
     "make_engine",
     "ChatMessage",
+    "FileText",
+    "render_block",
+    "render_user_content",
     "Reply",
     "ThinkingSupport",
     "preview_thread_plan",

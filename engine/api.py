@@ -120,6 +120,10 @@ class EngineAPI(Protocol):
 
     def thinking_support(self) -> ThinkingSupport | None: ...
 
+    def count_tokens(self, text: str) -> int | None:
+        """How many tokens `text` is as plain message text (an attached file's size in the
+        model's terms); None when only a server knows (the remote engine)."""
+
     def preview(
         self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
     ) -> ResumePreview: ...

@@ -290,6 +290,12 @@ class Engine(EngineFacts):
             return {}
         return support.variables(*requested(reasoning or self._profile.reasoning))
 
+    def count_tokens(self, text: str) -> int | None:
+        """`text`'s tokens as plain message text (no special tokens parsed, no BOS): what an
+        attached file adds to a prompt, give or take the tokens where it meets its label."""
+        model = self._require()[0]
+        return len(model.tokenize(text, add_special=False, parse_special=False))
+
     def preview(
         self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
     ) -> ResumePreview:

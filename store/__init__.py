@@ -1,16 +1,18 @@
 """velo-chat session store: SQLite, plain dataclasses, never imports the engine.
 
 `SessionStore(locations.database_path())` is the whole API; see `repository.py` for the threading
-and durability rules, `migrations.py` for how the schema changes, `exchange.py` for the export
-format. Importing this package opens nothing.
+and durability rules, `session_lock.py` for one writer per session, `migrations.py` for how the
+schema changes, `exchange.py` for the export format. Importing this package opens nothing.
 """
 
 from .errors import (
     AmbiguousId,
+    DraftNotFound,
     IncompatibleStore,
     InvalidArgument,
     InvalidImport,
     MessageNotFound,
+    SessionBusy,
     SessionNotFound,
     StoreCorrupt,
     StoreError,
@@ -19,7 +21,18 @@ from .errors import (
     StoreReadOnly,
 )
 from .exchange import FORMAT, FORMAT_VERSION
-from .models import ROLES, STATUSES, Message, Role, SearchHit, Session, Status, make_title
+from .models import (
+    ROLES,
+    STATUSES,
+    Attachment,
+    Draft,
+    Message,
+    Role,
+    SearchHit,
+    Session,
+    Status,
+    make_title,
+)
 from .repository import SessionStore
 from .search import SNIPPET_CLOSE, SNIPPET_OPEN
 
@@ -31,6 +44,9 @@ __all__ = [
     "SNIPPET_OPEN",
     "STATUSES",
     "AmbiguousId",
+    "Attachment",
+    "Draft",
+    "DraftNotFound",
     "IncompatibleStore",
     "InvalidArgument",
     "InvalidImport",
@@ -39,6 +55,7 @@ __all__ = [
     "Role",
     "SearchHit",
     "Session",
+    "SessionBusy",
     "SessionNotFound",
     "SessionStore",
     "Status",

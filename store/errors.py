@@ -23,6 +23,14 @@ class MessageNotFound(StoreError, LookupError):
     """No message has that id, or it belongs to another session."""
 
 
+class DraftNotFound(StoreError, LookupError):
+    """No queued draft has that id (sent or deleted meanwhile)."""
+
+
+class SessionBusy(StoreError):
+    """Another writer holds the session (cancelled wait). Nothing was written."""
+
+
 class AmbiguousId(StoreError, LookupError):
     """An id prefix matches more than one session."""
 

@@ -1,9 +1,16 @@
 """Session exports (Markdown for people, JSON for re-import) and validation of imports.
 
-The JSON format is versioned (`{"format": "velo-chat.session", "version": 2, ...}`) so a later
-velo-chat can still read old files and an old one refuses new files clearly. Version 2 added each
-reply's `reasoning`, apart from its `content`; a version 1 file's replies carry theirs inline (a
-leading `<think>` block), which an import moves out as the schema migration does. Database ids are
+The JSON format is versioned (`{"format": "velo-chat.session", "version": 3, ...}`) so a later
+velo-chat can still read old files and an old one refuses new files clearly. Version history:
+
+- 1: the session and its messages; a reply's reasoning inline in its content (a leading `<think>`
+  block), which an import moves out as the schema migration does.
+- 2: each reply's `reasoning`, apart from its `content`.
+- 3: each message's `attachments` (`[{"path", "sha256", "size", "content"}]`, empty when none),
+  the session's `working_dir`, and the top-level `drafts` (messages queued but not sent:
+  `[{"text", "attachments", "created_at"}]`), so an export loses nothing the user typed.
+
+Versions 1 and 2 are still read (no attachments, drafts or working folder then). Database ids are
 exported for reference only: an import always gets a new session id, so importing the same file
 twice gives two sessions, never a collision. Everything here is pure (no database access).
 """
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,12 +27,14 @@ from typing import Any, Final, TypeGuard
 
 from .errors import InvalidImport
 from .input_text import BinaryInput, decode_text, replace_surrogates
-from .models import ROLES, STATUSES, Message, Session
+from .models import ROLES, STATUSES, Attachment, Draft, Message, Session
 from .reasoning import split_inline
 
 FORMAT: Final = "velo-chat.session"
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 _PREFIX: Final = "invalid session file: "
+_SHA256_HEX: Final = re.compile(r"[0-9a-fA-F]{64}")
+_BACKTICKS: Final = re.compile(r"`+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,14 @@ class ImportedMessage:
     stats: dict[str, Any]
     created_at: float
     reasoning: str = ""
+    attachments: tuple[Attachment, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedDraft:
+    text: str
+    attachments: tuple[Attachment, ...]
+    created_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +68,17 @@ class ImportedSession:
     system_prompt: str
     model_fingerprint: str | None
     messages: tuple[ImportedMessage, ...] = field(default=())
+    working_dir: str | None = None
+    drafts: tuple[ImportedDraft, ...] = field(default=())
 
 
 def iso_utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def export_json(session: Session, messages: Sequence[Message], exported_at: float) -> dict[str, Any]:
+def export_json(
+    session: Session, messages: Sequence[Message], drafts: Sequence[Draft], exported_at: float
+) -> dict[str, Any]:
     """The versioned JSON document for one session (a dict; the caller serialises it)."""
     return {
         "format": FORMAT,
@@ -72,6 +94,7 @@ def export_json(session: Session, messages: Sequence[Message], exported_at: floa
             "model_fingerprint": session.model_fingerprint,
             "parent_session_id": session.parent_session_id,
             "forked_from_message_id": session.forked_from_message_id,
+            "working_dir": session.working_dir,
         },
         "messages": [
             {
@@ -84,14 +107,32 @@ def export_json(session: Session, messages: Sequence[Message], exported_at: floa
                 "completion_tokens": m.completion_tokens,
                 "stats": dict(m.stats),
                 "created_at": m.created_at,
+                "attachments": [_attachment_json(a) for a in m.attachments],
             }
             for m in messages
+        ],
+        "drafts": [
+            {
+                "text": d.text,
+                "attachments": [_attachment_json(a) for a in d.attachments],
+                "created_at": d.created_at,
+            }
+            for d in drafts
         ],
     }
 
 
-def export_markdown(session: Session, messages: Sequence[Message]) -> str:
-    """A readable transcript: a header with the session's facts, then one section per message."""
+def _attachment_json(a: Attachment) -> dict[str, Any]:
+    return {"path": a.path, "sha256": a.sha256, "size": a.size, "content": a.content}
+
+
+def export_markdown(session: Session, messages: Sequence[Message], drafts: Sequence[Draft] = ()) -> str:
+    """A readable transcript: a header with the session's facts, then one section per message,
+    then the drafts not sent yet.
+
+    A message's attachments follow its text, each as a "📎 `path` (N bytes)" line and a fenced
+    block holding the whole content as it was sent (the fence longer than any backtick run in
+    it), so the Markdown export is complete on its own, not a list of files that may change."""
     lines = [f"# {session.title or 'Untitled session'}", ""]
     lines.append(f"- Session: `{session.id}`")
     lines.append(f"- Profile: {session.profile}")
@@ -101,6 +142,8 @@ def export_markdown(session: Session, messages: Sequence[Message]) -> str:
         lines.append(f"- Model: `{session.model_fingerprint}`")
     if session.parent_session_id:
         lines.append(f"- Forked from: `{session.parent_session_id}`")
+    if session.working_dir:
+        lines.append(f"- Working folder: {_code_span(session.working_dir)}")
     lines.append("")
     if session.system_prompt:
         lines += ["## System prompt", "", session.system_prompt, ""]
@@ -109,10 +152,37 @@ def export_markdown(session: Session, messages: Sequence[Message]) -> str:
         if message.reasoning:  # collapsed, as in the transcript
             lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "", "</details>", ""]
         lines.append(message.content)
+        lines += _attachments_markdown(message.attachments)
         if message.status != "complete":
             lines += ["", f"*({message.status})*"]
         lines.append("")
+    if drafts:
+        lines += ["## Drafts (not sent)", ""]
+        for draft in drafts:
+            lines += [f"### Queued {iso_utc(draft.created_at)}", "", draft.text]
+            lines += _attachments_markdown(draft.attachments)
+            lines.append("")
     return "\n".join(lines)
+
+
+def _attachments_markdown(attachments: Sequence[Attachment]) -> list[str]:
+    lines: list[str] = []
+    for a in attachments:
+        fence = "`" * max(3, _longest_backticks(a.content) + 1)
+        lines += ["", f"📎 {_code_span(a.path)} ({a.size} bytes)", "", fence, a.content, fence]
+    return lines
+
+
+def _code_span(text: str) -> str:
+    """`text` as inline code on one line, whatever backticks or newlines it holds."""
+    flat = " ".join(text.splitlines()) or text
+    ticks = "`" * (_longest_backticks(flat) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{ticks}{pad}{flat}{pad}{ticks}"
+
+
+def _longest_backticks(text: str) -> int:
+    return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
 
 
 def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
@@ -146,6 +216,11 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
     items = doc.get("messages")
     if not isinstance(items, list):
         raise InvalidImport(_PREFIX + f"messages must be a list (got {_kind(items)})")
+    working_dir = None
+    drafts: tuple[ImportedDraft, ...] = ()
+    if version >= 3:
+        working_dir = _get(raw, "working_dir", str, "session", optional=True)
+        drafts = _drafts(doc.get("drafts"), created_at)
     return ImportedSession(
         title=_get(raw, "title", str, "session", optional=True),
         created_at=created_at,
@@ -154,7 +229,51 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
         system_prompt=_get(raw, "system_prompt", str, "session", optional=True) or "",
         model_fingerprint=_get(raw, "model_fingerprint", str, "session", optional=True),
         messages=tuple(_message(m, f"messages[{i}]", created_at, version) for i, m in enumerate(items)),
+        working_dir=working_dir if working_dir and working_dir.strip() else None,
+        drafts=drafts,
     )
+
+
+def _drafts(items: object, default_time: float) -> tuple[ImportedDraft, ...]:
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidImport(_PREFIX + f"drafts must be a list (got {_kind(items)})")
+    drafts = []
+    for i, item in enumerate(items):
+        where = f"drafts[{i}]"
+        raw = _mapping(item, where)
+        drafts.append(
+            ImportedDraft(
+                text=_get(raw, "text", str, where),
+                attachments=_attachments(raw.get("attachments"), where),
+                created_at=_time(raw, "created_at", where, default_time),
+            )
+        )
+    return tuple(drafts)
+
+
+def _attachments(items: object, where: str) -> tuple[Attachment, ...]:
+    """A message's or draft's attachments; each field checked as the store checks a caller's."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        raise InvalidImport(_PREFIX + f"{where}.attachments must be a list (got {_kind(items)})")
+    return tuple(_attachment(item, f"{where}.attachments[{i}]") for i, item in enumerate(items))
+
+
+def _attachment(item: object, where: str) -> Attachment:
+    raw = _mapping(item, where)
+    path = _get(raw, "path", str, where)
+    if not path.strip():
+        raise InvalidImport(_PREFIX + f"{where}.path must not be empty")
+    sha256 = _get(raw, "sha256", str, where)
+    if not _SHA256_HEX.fullmatch(sha256):
+        raise InvalidImport(_PREFIX + f"{where}.sha256 must be 64 hex characters (got {sha256!r})")
+    size = _count(raw, "size", where)
+    if size is None:
+        raise InvalidImport(_PREFIX + f"{where}.size must be a non-negative integer (got null)")
+    return Attachment(path=path, sha256=sha256.lower(), size=size, content=_get(raw, "content", str, where))
 
 
 def _message(item: object, where: str, default_time: float, version: int) -> ImportedMessage:
@@ -179,6 +298,7 @@ def _message(item: object, where: str, default_time: float, version: int) -> Imp
     return ImportedMessage(
         role=role,
         content=content,
+        attachments=_attachments(raw.get("attachments"), where) if version >= 3 else (),
         reasoning=reasoning,
         status=status,
         prompt_tokens=_count(raw, "prompt_tokens", where),

@@ -86,7 +86,46 @@ def _v2_reasoning(conn: sqlite3.Connection) -> None:
             )
 
 
-MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_v1_initial, _v2_reasoning)
+def _v3_attachments(conn: sqlite3.Connection) -> None:
+    """Files attached to user messages, in their own table so the typed text stays the message's
+    content; messages typed while a reply streamed (drafts), stored at once so a quit loses none;
+    and the folder a session was started in, which attachments' relative paths are relative to.
+    A draft's attachments are a JSON list: a draft is replaced whole, never queried by file."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN working_dir TEXT")
+    conn.execute(
+        """
+        CREATE TABLE attachments (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            ordinal INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            content TEXT NOT NULL,
+            UNIQUE (message_id, ordinal)
+        )
+        """
+    )
+    conn.execute("CREATE INDEX attachments_message ON attachments(message_id)")
+    conn.execute(
+        """
+        CREATE TABLE drafts (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            attachments TEXT NOT NULL DEFAULT '[]',
+            created_at REAL NOT NULL
+        )
+        """
+    )
+    conn.execute("CREATE INDEX drafts_session ON drafts(session_id)")
+
+
+MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (
+    _v1_initial,
+    _v2_reasoning,
+    _v3_attachments,
+)
 """Step i takes the database from version i to version i + 1."""
 
 LATEST_VERSION: Final = len(MIGRATIONS)

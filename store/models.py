@@ -40,7 +40,30 @@ class Session:
     parent_session_id: str | None = None
     """For a fork: the session it was forked from (None once that session is deleted)."""
     forked_from_message_id: int | None = None
-    """For a fork: the parent's message the fork was taken at (its last copied message)."""
+    """For a fork: the parent's message the fork was taken at (its last copied message); None
+    for a fork taken before the first message."""
+    working_dir: str | None = None
+    """The folder velo-chat was started in when the session was created: its attachments' relative
+    paths are relative to it, so a resume elsewhere can still name the same files."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    """A file attached to a user message, as it was sent.
+
+    Kept apart from the typed text (the model sees it rendered before that text), so an edit or a
+    revision can start from what the user typed and the files can be listed and searched by name.
+    The content is stored whole: the file on disk may change or vanish, and the session must still
+    say exactly what the model was shown."""
+
+    path: str
+    """As shown to the model (relative to the session's working folder when inside it)."""
+    sha256: str
+    """Hex sha256 of the file's bytes as read from disk (lowercase, 64 characters)."""
+    size: int
+    """Bytes of the file as read."""
+    content: str
+    """The text as sent to the model (decoded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +86,24 @@ class Message:
     reasoning: str = ""
     """A reply's reasoning (a thinking model's), kept apart from its answer in `content`;
     "" when the model did not think."""
+    attachments: tuple[Attachment, ...] = ()
+    """Files sent with a user message, in the order they were attached; `content` holds only
+    the typed text."""
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """A message queued while a reply streamed, not sent yet (kept so a quit loses none).
+
+    Not a message: it has no position, is not searched and does not change the session's
+    `updated_at`, because nothing has been said yet; sending it is the caller's `add_exchange`
+    followed by `delete_draft`."""
+
+    id: int
+    session_id: str
+    text: str
+    attachments: tuple[Attachment, ...]
+    created_at: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,14 @@ message first; `add_message(s, "assistant", "", status="interrupted")` makes the
 worker updates its content as it goes and finally sets `status="complete"` with the stats. A crash
 or kill at any point leaves the user's message and the partial reply, marked interrupted.
 
+One writer per session: `with store.writer(session_id):` around a whole turn keeps two processes
+(or two threads) from interleaving their turns in one session; `session_lock.py` says why and how.
+
+Attachments and drafts: a user message's files are rows of their own (`attachments`), written in
+the transaction of their message and read with it; messages typed while a reply streams are
+stored at once as drafts (`add_draft`), so quitting with a queue loses none of them. History is
+never rewritten: a revision of an earlier message is a fork (`fork_before`) plus a new turn.
+
 Privacy: the database and its -wal/-shm files are 0600 whatever the umask, and an older one left
 0644 is tightened when opened (`private_file.py`).
 
@@ -32,12 +40,12 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import exchange, rows
+from . import exchange, rows, session_lock
 from .errors import (
     AmbiguousId,
     InvalidArgument,
@@ -48,7 +56,7 @@ from .errors import (
     translate,
 )
 from .migrations import ensure_search_index, fts5_available, migrate, write_transaction
-from .models import ROLES, STATUSES, Message, SearchHit, Session, make_title
+from .models import ROLES, STATUSES, Attachment, Draft, Message, SearchHit, Session, make_title
 from .private_file import private_database_file
 from .search import find
 
@@ -160,8 +168,12 @@ class SessionStore:
         system_prompt: str = "",
         title: str | None = None,
         model_fingerprint: str | None = None,
+        working_dir: str | None = None,
     ) -> Session:
+        """A new, empty session. `working_dir`: the folder velo-chat was started in, which the
+        attachments' relative paths are relative to (None: not known, e.g. an import of old)."""
         profile = rows.require_text(profile, "profile")
+        folder = rows.require_text(working_dir, "working_dir") if working_dir is not None else None
         now = self._clock()
         session = Session(
             id=uuid.uuid4().hex,
@@ -171,6 +183,7 @@ class SessionStore:
             profile=profile,
             system_prompt=rows.text(system_prompt),
             model_fingerprint=rows.optional_text(model_fingerprint),
+            working_dir=folder,
         )
         with self._transaction(write=True) as conn:
             rows.insert_session(conn, session)
@@ -221,10 +234,38 @@ class SessionStore:
             return rows.session(conn, session_id)
 
     def delete(self, session_id: str) -> None:
-        """Delete the session and (by cascade) its messages; its forks keep their copies."""
+        """Delete the session and (by cascade) its messages, attachments and drafts; its forks
+        keep their copies. Its writer lock file goes too."""
         with self._transaction(write=True) as conn:
             if conn.execute("DELETE FROM sessions WHERE id = ?", (rows.text(session_id),)).rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r}")
+        try:
+            path = session_lock.lock_path(self.path, session_id)
+        except InvalidArgument:  # an id no lock file can have (an imported oddity)
+            return
+        session_lock.remove(path)
+
+    # -- one writer per session -------------------------------------------------------------
+
+    @contextmanager
+    def writer(
+        self,
+        session_id: str,
+        *,
+        on_wait: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+        poll_s: float = 0.05,
+    ) -> Iterator[None]:
+        """Be the only writer of `session_id` for the body, across processes and threads.
+
+        If another holds it, `on_wait` is called once with who ("process 1234", "another
+        process"), then the lock is polled every `poll_s` until it is free, or until `cancel` is
+        set: `SessionBusy` then, and nothing was written. The lock goes with the body's end, or
+        with the process (kill -9 included). Takes no database lock: reads and other sessions'
+        writes go on meanwhile. See `session_lock.py` for why."""
+        path = session_lock.lock_path(self.path, session_id)
+        with session_lock.hold(path, session_id, on_wait=on_wait, cancel=cancel, poll_s=poll_s):
+            yield
 
     def resolve_id(self, prefix: str) -> str:
         """The full id of the one session whose id starts with `prefix` (for the CLI)."""
@@ -259,10 +300,13 @@ class SessionStore:
         completion_tokens: int | None = None,
         stats: Mapping[str, Any] | None = None,
         reasoning: str = "",
+        attachments: Sequence[Attachment] = (),
     ) -> Message:
         """Append a message; bumps `updated_at` and, for the first user message of an untitled
         session, sets the title from it (`make_title`). `reasoning`: a reply's reasoning, kept
-        apart from its answer (`content`)."""
+        apart from its answer (`content`). `attachments`: files sent with it, written in the same
+        transaction (all checked first: a bad one raises `InvalidArgument`, nothing written)."""
+        files = rows.check_attachments(attachments)
         rows.check_choice(role, ROLES, "role")
         rows.check_choice(status, STATUSES, "status")
         rows.check_count(prompt_tokens, "prompt_tokens")
@@ -281,18 +325,26 @@ class SessionStore:
                 completion_tokens,
                 stats_json,
                 reasoning,
+                files,
             )
 
     def add_exchange(
-        self, session_id: str, user_text: str, *, replace_after: int | None = None
+        self,
+        session_id: str,
+        user_text: str,
+        *,
+        attachments: Sequence[Attachment] = (),
+        replace_after: int | None = None,
     ) -> tuple[Message, Message]:
-        """Start a turn in one transaction: the user's message and an empty assistant reply
-        marked "interrupted" (streaming fills it in). With `replace_after`, the messages after
-        that position are deleted first (regenerate, edit-last-message; -1 clears all).
+        """Start a turn in one transaction: the user's message (with its attachments) and an
+        empty assistant reply marked "interrupted" (streaming fills it in). With `replace_after`,
+        the messages after that position are deleted first (regenerate, edit-last-message; -1
+        clears all).
 
         All or nothing: a failure leaves the session exactly as it was, so the caller can give
         the text back to the user instead of leaving half a turn behind."""
         content = rows.check_content(user_text)
+        files = rows.check_attachments(attachments)
         with self._transaction(write=True) as conn:
             if replace_after is not None:
                 rows.session(conn, session_id)
@@ -300,7 +352,9 @@ class SessionStore:
                     "DELETE FROM messages WHERE session_id = ? AND position > ?", (session_id, replace_after)
                 )
             no_stats = rows.stats_json(None)
-            user = self._append(conn, session_id, "user", content, "complete", None, None, no_stats)
+            user = self._append(
+                conn, session_id, "user", content, "complete", None, None, no_stats, "", files
+            )
             reply = self._append(conn, session_id, "assistant", "", "interrupted", None, None, no_stats)
             return user, reply
 
@@ -315,6 +369,7 @@ class SessionStore:
         completion_tokens: int | None,
         stats_json: str,
         reasoning: str = "",
+        attachments: Sequence[Attachment] = (),
     ) -> Message:
         now = self._clock()  # read under the lock: positions and times agree in order
         session = rows.session(conn, session_id)
@@ -326,6 +381,7 @@ class SessionStore:
             conn, session_id, position, role, content, status, prompt_tokens,
             completion_tokens, stats_json, now, reasoning,
         )  # fmt: skip
+        rows.insert_attachments(conn, message_id, attachments)
         title = session.title
         if title is None and role == "user":
             title = make_title(content)
@@ -397,59 +453,140 @@ class SessionStore:
                     sessions[message.session_id] = rows.session(conn, message.session_id)
         return [SearchHit(sessions[m.session_id], m, snippet) for m, snippet in found]
 
-    # -- fork, export, import ---------------------------------------------------------------
+    # -- forks ------------------------------------------------------------------------------
 
     def fork(self, session_id: str, at_message_id: int, title: str | None = None) -> Session:
-        """A new session with copies of the messages up to and including `at_message_id`.
+        """A new session with copies of the messages up to and including `at_message_id` (and
+        their attachments).
 
         The copies are independent rows (editing either session never touches the other); the
         engine's checkpoints are keyed on token prefixes, so the fork reuses the parent's."""
-        now = self._clock()
         with self._transaction(write=True) as conn:
-            parent = rows.session(conn, session_id)
+            rows.session(conn, session_id)
             at = rows.message(conn, at_message_id)
             if at.session_id != session_id:
                 raise MessageNotFound(f"message {at_message_id} is not in session {session_id!r}")
-            if title is None:
-                first_user = conn.execute(
-                    "SELECT content FROM messages WHERE session_id = ? AND role = 'user' "
-                    "AND position <= ? ORDER BY position LIMIT 1",
-                    (session_id, at.position),
-                ).fetchone()
-                base = parent.title or (make_title(first_user[0]) if first_user else None)
-                title = f"{base} (fork)" if base else None
-            child = Session(
-                id=uuid.uuid4().hex,
-                title=rows.clean_title(title) if title is not None else None,
-                created_at=now,
-                updated_at=now,
-                profile=parent.profile,
-                system_prompt=parent.system_prompt,
-                model_fingerprint=parent.model_fingerprint,
-                parent_session_id=parent.id,
-                forked_from_message_id=at.id,
-            )
-            rows.insert_session(conn, child)
-            conn.execute(
-                f"INSERT INTO messages (session_id, position, {rows.COPY_FIELDS}) "
-                f"SELECT ?, position, {rows.COPY_FIELDS} FROM messages "
-                "WHERE session_id = ? AND position <= ? ORDER BY position",
-                (child.id, session_id, at.position),
-            )
+            return self._fork(conn, session_id, at.position + 1, at.id, title)
+
+    def fork_before(self, session_id: str, position: int, title: str | None = None) -> Session:
+        """A new session holding copies of the messages before `position` (and their
+        attachments): how "revise message N" and "regenerate reply N" work without rewriting
+        history. The caller then adds the new turn to the fork; the original never changes.
+
+        `position` must be that of a message of the session (else `MessageNotFound`); 0 gives an
+        empty fork (`forked_from_message_id` None) with the session's settings."""
+        if not isinstance(position, int) or isinstance(position, bool):
+            raise InvalidArgument(f"position must be an integer (got {position!r})")
+        with self._transaction(write=True) as conn:
+            rows.session(conn, session_id)
+            target = conn.execute(
+                "SELECT id FROM messages WHERE session_id = ? AND position = ?", (session_id, position)
+            ).fetchone()
+            if target is None:
+                raise MessageNotFound(f"session {session_id!r} has no message at position {position}")
+            before = conn.execute(
+                "SELECT id FROM messages WHERE session_id = ? AND position < ? "
+                "ORDER BY position DESC LIMIT 1",
+                (session_id, position),
+            ).fetchone()
+            return self._fork(conn, session_id, position, before[0] if before else None, title)
+
+    def _fork(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        below: int,
+        forked_from: int | None,
+        title: str | None,
+    ) -> Session:
+        """Copy the messages at positions < `below` (and their attachments) into a new child."""
+        parent = rows.session(conn, session_id)
+        if title is None:
+            first_user = conn.execute(
+                "SELECT content FROM messages WHERE session_id = ? AND role = 'user' "
+                "AND position < ? ORDER BY position LIMIT 1",
+                (session_id, below),
+            ).fetchone()
+            base = parent.title or (make_title(first_user[0]) if first_user else None)
+            title = f"{base} (fork)" if base else None
+        now = self._clock()
+        child = Session(
+            id=uuid.uuid4().hex,
+            title=rows.clean_title(title) if title is not None else None,
+            created_at=now,
+            updated_at=now,
+            profile=parent.profile,
+            system_prompt=parent.system_prompt,
+            model_fingerprint=parent.model_fingerprint,
+            parent_session_id=parent.id,
+            forked_from_message_id=forked_from,
+            working_dir=parent.working_dir,
+        )
+        rows.insert_session(conn, child)
+        conn.execute(
+            f"INSERT INTO messages (session_id, position, {rows.COPY_FIELDS}) "
+            f"SELECT ?, position, {rows.COPY_FIELDS} FROM messages "
+            "WHERE session_id = ? AND position < ? ORDER BY position",
+            (child.id, session_id, below),
+        )
+        rows.copy_attachments(conn, session_id, child.id, below)
         return child
+
+    # -- drafts -----------------------------------------------------------------------------
+
+    def add_draft(self, session_id: str, text: str, attachments: Sequence[Attachment] = ()) -> Draft:
+        """Store a message typed while a reply streams, at once, so a quit or a crash loses none.
+        Not a message: no position, not searched, and the session's `updated_at` stays."""
+        clean = rows.check_content(text, "draft text")
+        files = rows.check_attachments(attachments)
+        with self._transaction(write=True) as conn:
+            rows.session(conn, session_id)
+            draft_id = rows.insert_draft(conn, session_id, clean, files, self._clock())
+            return rows.draft(conn, draft_id)
+
+    def drafts(self, session_id: str) -> list[Draft]:
+        """The session's drafts, oldest first (the order they were queued in)."""
+        with self._transaction() as conn:
+            rows.session(conn, session_id)
+            return rows.drafts(conn, session_id)
+
+    def update_draft(
+        self, draft_id: int, text: str, attachments: Sequence[Attachment] | None = None
+    ) -> Draft:
+        """Replace a draft's text (and its attachments, unless None: kept). `DraftNotFound` when
+        it was sent or deleted meanwhile."""
+        changes: dict[str, Any] = {"text": rows.check_content(text, "draft text")}
+        if attachments is not None:
+            changes["attachments"] = rows.attachments_json(rows.check_attachments(attachments))
+        with self._transaction(write=True) as conn:
+            rows.draft(conn, draft_id)
+            rows.update_row(conn, "drafts", draft_id, changes)
+            return rows.draft(conn, draft_id)
+
+    def delete_draft(self, draft_id: int) -> None:
+        """Drop a draft (sent, or withdrawn by the user). `DraftNotFound` when already gone."""
+        with self._transaction(write=True) as conn:
+            rows.draft(conn, draft_id)
+            conn.execute("DELETE FROM drafts WHERE id = ?", (draft_id,))
+
+    # -- export, import ---------------------------------------------------------------------
 
     def export_markdown(self, session_id: str) -> str:
         with self._transaction() as conn:
-            return exchange.export_markdown(rows.session(conn, session_id), rows.messages(conn, session_id))
+            session, messages = rows.session(conn, session_id), rows.messages(conn, session_id)
+            return exchange.export_markdown(session, messages, rows.drafts(conn, session_id))
 
     def export_json(self, session_id: str) -> dict[str, Any]:
-        """The versioned JSON document (`exchange.FORMAT`, `exchange.FORMAT_VERSION`)."""
+        """The versioned JSON document (`exchange.FORMAT`, `exchange.FORMAT_VERSION`), drafts
+        included so an export loses nothing the user typed."""
         with self._transaction() as conn:
             session, messages = rows.session(conn, session_id), rows.messages(conn, session_id)
-        return exchange.export_json(session, messages, exported_at=self._clock())
+            drafts = rows.drafts(conn, session_id)
+        return exchange.export_json(session, messages, drafts, exported_at=self._clock())
 
     def import_json(self, data: Mapping[str, Any] | str | bytes) -> Session:
-        """Import an `export_json` document (parsed or as text) as a new session with a new id.
+        """Import an `export_json` document (parsed or as text) as a new session with a new id,
+        with its attachments, working folder and drafts (version 3).
         Raises `InvalidImport` naming the first bad field; nothing is written then."""
         doc = exchange.parse_import(data)
         title = doc.title
@@ -463,12 +600,16 @@ class SessionStore:
             profile=doc.profile,
             system_prompt=doc.system_prompt,
             model_fingerprint=doc.model_fingerprint,
+            working_dir=doc.working_dir,
         )
         with self._transaction(write=True) as conn:
             rows.insert_session(conn, session)
             for position, m in enumerate(doc.messages):
-                rows.insert_message(
+                message_id = rows.insert_message(
                     conn, session.id, position, m.role, m.content, m.status, m.prompt_tokens,
                     m.completion_tokens, rows.stats_json(m.stats), m.created_at, m.reasoning,
                 )  # fmt: skip
+                rows.insert_attachments(conn, message_id, m.attachments)
+            for d in doc.drafts:
+                rows.insert_draft(conn, session.id, d.text, d.attachments, d.created_at)
         return session

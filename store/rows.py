@@ -9,17 +9,19 @@ U+FFFD here, and the models the store returns hold the same text as the rows.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Final
 
-from .errors import InvalidArgument, MessageNotFound, SessionNotFound
+from .errors import DraftNotFound, InvalidArgument, MessageNotFound, SessionNotFound
 from .input_text import replace_surrogates
-from .models import Message, Session
+from .models import Attachment, Draft, Message, Session
 
 SESSION_COLUMNS = (
     "id, title, created_at, updated_at, profile, system_prompt, model_fingerprint, "
-    "parent_session_id, forked_from_message_id"
+    "parent_session_id, forked_from_message_id, working_dir"
 )
 MESSAGE_FIELDS = (
     "id", "session_id", "position", "role", "content", "status",
@@ -28,6 +30,12 @@ MESSAGE_FIELDS = (
 MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in MESSAGE_FIELDS)
 COPY_FIELDS = ", ".join(MESSAGE_FIELDS[3:])
 """The columns a fork copies as they are (all but id, session_id and position)."""
+ATTACHMENT_FIELDS: Final = ("path", "sha256", "size", "content")
+ATTACHMENT_COLUMNS: Final = ", ".join(f"a.{name}" for name in ATTACHMENT_FIELDS)
+DRAFT_COLUMNS: Final = "id, session_id, text, attachments, created_at"
+_SHA256_HEX: Final = re.compile(r"[0-9a-fA-F]{64}")
+_IDS_PER_QUERY: Final = 500
+"""Message ids bound in one `IN (...)`, well under SQLite's limit on bound parameters."""
 
 
 def text(value: str) -> str:
@@ -50,29 +58,142 @@ def message(conn: sqlite3.Connection, message_id: int | None) -> Message:
     row = conn.execute(f"SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.id = ?", (message_id,)).fetchone()
     if row is None:
         raise MessageNotFound(f"no message {message_id!r}")
-    return message_from_row(row)
+    found = conn.execute(
+        f"SELECT a.message_id, {ATTACHMENT_COLUMNS} FROM attachments a WHERE a.message_id = ? "
+        "ORDER BY a.ordinal",
+        (message_id,),
+    )
+    return message_from_row(row, _group_attachments(found).get(row["id"], ()))
 
 
 def messages(conn: sqlite3.Connection, session_id: str) -> list[Message]:
+    """The session's messages in order, with their attachments: two queries whatever the length,
+    so opening a long session costs no more round trips than a short one."""
     rows = conn.execute(
         f"SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.session_id = ? ORDER BY m.position",
         (session_id,),
+    ).fetchall()
+    found = conn.execute(
+        f"SELECT a.message_id, {ATTACHMENT_COLUMNS} FROM attachments a "
+        "JOIN messages m ON m.id = a.message_id WHERE m.session_id = ? ORDER BY a.message_id, a.ordinal",
+        (session_id,),
     )
-    return [message_from_row(row) for row in rows]
+    attached = _group_attachments(found)
+    return [message_from_row(row, attached.get(row["id"], ())) for row in rows]
 
 
-def message_from_row(row: sqlite3.Row) -> Message:
+def with_attachments(conn: sqlite3.Connection, found: Sequence[Message]) -> list[Message]:
+    """`found` (messages read without their files, e.g. search hits from several sessions) with
+    their attachments, read in a few `IN (...)` queries rather than one per message."""
+    ids = sorted({m.id for m in found})
+    attached: dict[int, tuple[Attachment, ...]] = {}
+    for start in range(0, len(ids), _IDS_PER_QUERY):
+        chunk = ids[start : start + _IDS_PER_QUERY]
+        marks = ",".join("?" * len(chunk))
+        attached.update(
+            _group_attachments(
+                conn.execute(
+                    f"SELECT a.message_id, {ATTACHMENT_COLUMNS} FROM attachments a "
+                    f"WHERE a.message_id IN ({marks}) ORDER BY a.message_id, a.ordinal",
+                    chunk,
+                )
+            )
+        )
+    return [replace(m, attachments=attached.get(m.id, ())) for m in found]
+
+
+def _group_attachments(found: Iterable[sqlite3.Row]) -> dict[int, tuple[Attachment, ...]]:
+    """Rows ordered by (message_id, ordinal) -> each message's attachments in order."""
+    grouped: dict[int, list[Attachment]] = {}
+    for row in found:
+        grouped.setdefault(row["message_id"], []).append(
+            Attachment(*(row[name] for name in ATTACHMENT_FIELDS))
+        )
+    return {message_id: tuple(items) for message_id, items in grouped.items()}
+
+
+def message_from_row(row: sqlite3.Row, attachments: tuple[Attachment, ...] = ()) -> Message:
     fields = {name: row[name] for name in MESSAGE_FIELDS}
     fields["stats"] = json.loads(fields["stats"])
-    return Message(**fields)
+    return Message(**fields, attachments=attachments)
 
 
 def insert_session(conn: sqlite3.Connection, s: Session) -> None:
     conn.execute(
-        f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (s.id, s.title, s.created_at, s.updated_at, s.profile, s.system_prompt,
-         s.model_fingerprint, s.parent_session_id, s.forked_from_message_id),
+         s.model_fingerprint, s.parent_session_id, s.forked_from_message_id, s.working_dir),
     )  # fmt: skip
+
+
+def insert_attachments(conn: sqlite3.Connection, message_id: int, attachments: Sequence[Attachment]) -> None:
+    """Write a message's (already checked) attachments; `ordinal` is their order."""
+    conn.executemany(
+        "INSERT INTO attachments (message_id, ordinal, path, sha256, size, content) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [(message_id, i, a.path, a.sha256, a.size, a.content) for i, a in enumerate(attachments)],
+    )
+
+
+def copy_attachments(conn: sqlite3.Connection, source_id: str, target_id: str, below: int) -> None:
+    """Copy the attachments of `source_id`'s messages at positions < `below` to the messages at
+    the same positions in `target_id` (a fork, whose copies keep their positions)."""
+    conn.execute(
+        "INSERT INTO attachments (message_id, ordinal, path, sha256, size, content) "
+        "SELECT copy.id, a.ordinal, a.path, a.sha256, a.size, a.content FROM attachments a "
+        "JOIN messages original ON original.id = a.message_id "
+        "JOIN messages copy ON copy.session_id = ? AND copy.position = original.position "
+        "WHERE original.session_id = ? AND original.position < ? ORDER BY a.message_id, a.ordinal",
+        (target_id, source_id, below),
+    )
+
+
+def draft(conn: sqlite3.Connection, draft_id: int) -> Draft:
+    row = conn.execute(f"SELECT {DRAFT_COLUMNS} FROM drafts WHERE id = ?", (draft_id,)).fetchone()
+    if row is None:
+        raise DraftNotFound(f"no queued draft {draft_id!r} (already sent or deleted)")
+    return draft_from_row(row)
+
+
+def drafts(conn: sqlite3.Connection, session_id: str) -> list[Draft]:
+    found = conn.execute(
+        f"SELECT {DRAFT_COLUMNS} FROM drafts WHERE session_id = ? ORDER BY id", (session_id,)
+    )
+    return [draft_from_row(row) for row in found]
+
+
+def draft_from_row(row: sqlite3.Row) -> Draft:
+    return Draft(
+        id=row["id"],
+        session_id=row["session_id"],
+        text=row["text"],
+        attachments=attachments_from_json(row["attachments"]),
+        created_at=row["created_at"],
+    )
+
+
+def insert_draft(
+    conn: sqlite3.Connection, session_id: str, text: str, attachments: Sequence[Attachment], created_at: float
+) -> int:
+    cursor = conn.execute(
+        "INSERT INTO drafts (session_id, text, attachments, created_at) VALUES (?, ?, ?, ?)",
+        (session_id, text, attachments_json(attachments), created_at),
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def attachments_json(attachments: Sequence[Attachment]) -> str:
+    """A draft's attachments as the JSON list the drafts table holds (never pickle)."""
+    return json.dumps([attachment_dict(a) for a in attachments], ensure_ascii=False)
+
+
+def attachments_from_json(raw: str) -> tuple[Attachment, ...]:
+    return tuple(Attachment(*(item[name] for name in ATTACHMENT_FIELDS)) for item in json.loads(raw))
+
+
+def attachment_dict(a: Attachment) -> dict[str, Any]:
+    return {"path": a.path, "sha256": a.sha256, "size": a.size, "content": a.content}
 
 
 def insert_message(
@@ -120,6 +241,27 @@ def check_content(content: object, what: str = "message content") -> str:
     if not isinstance(content, str):
         raise InvalidArgument(f"{what} must be text (got {type(content).__name__})")
     return text(content)
+
+
+def check_attachments(attachments: object) -> tuple[Attachment, ...]:
+    """The caller's attachments, checked and with their text made storable; `InvalidArgument`
+    naming the first bad one, before anything is written."""
+    if isinstance(attachments, (str, bytes)) or not isinstance(attachments, Sequence):
+        kind = type(attachments).__name__
+        raise InvalidArgument(f"attachments must be a sequence of Attachment (got {kind})")
+    return tuple(check_attachment(a, f"attachments[{i}]") for i, a in enumerate(attachments))
+
+
+def check_attachment(a: object, where: str) -> Attachment:
+    if not isinstance(a, Attachment):
+        raise InvalidArgument(f"{where} must be an Attachment (got {type(a).__name__})")
+    path = require_text(a.path, f"{where}.path")
+    if not isinstance(a.sha256, str) or not _SHA256_HEX.fullmatch(a.sha256):
+        raise InvalidArgument(f"{where}.sha256 must be 64 hex characters (got {a.sha256!r})")
+    if not isinstance(a.size, int) or isinstance(a.size, bool) or a.size < 0:
+        raise InvalidArgument(f"{where}.size must be a non-negative integer (got {a.size!r})")
+    content = check_content(a.content, f"{where}.content")
+    return Attachment(path=path, sha256=a.sha256.lower(), size=a.size, content=content)
 
 
 def check_choice(value: str, allowed: tuple[str, ...], name: str) -> str:

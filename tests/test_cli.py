@@ -89,12 +89,13 @@ def test_ask_continues_a_session_and_sessions_commands_work(velo_home):
     assert session_count(velo_home) == 1
 
 
-def test_regenerate_and_edit_last_resume_from_disk_in_a_new_process(velo_home):
+def test_regenerate_and_edit_last_fork_and_resume_from_disk_in_a_new_process(velo_home):
     first = ask_json("Name a fruit.")
     sid = first["session_id"]
     second = ask_json("Name another one.", "--session", sid)
     regen = ask_json("--session", sid, "--regenerate")
     assert regen["text"] == second["text"]  # greedy: the same answer again
+    assert regen["session_id"] != sid  # in a fork: the session keeps its answer
     s = regen["stats"]
     # The default profile saves no state before a short prefill: the regenerate resumes at the
     # boundary after the first reply, on disk, and prefills only the last question.
@@ -104,9 +105,12 @@ def test_regenerate_and_edit_last_resume_from_disk_in_a_new_process(velo_home):
     edit = ask_json("Name a vegetable.", "--session", sid, "--edit-last")
     assert edit["stats"]["checkpoint"]["source"] == "disk"
     assert edit["stats"]["cached_tokens"] >= first["stats"]["prompt_tokens"]
-    shown = run_cli("sessions", "show", sid).stdout
-    assert "Name a vegetable." in shown and "Name another one." not in shown
-    assert shown.count("## user") == 2 and shown.count("## assistant") == 2
+    original = run_cli("sessions", "show", sid).stdout
+    assert "Name another one." in original and "Name a vegetable." not in original
+    assert original.count("] user") == 2 and original.count("] assistant") == 2
+    fork = run_cli("sessions", "show", edit["session_id"]).stdout
+    assert "Name a vegetable." in fork and "Name another one." not in fork
+    assert fork.count("] user") == 2 and fork.count("] assistant") == 2
     assert_user_error(run_cli("ask", "x", "--regenerate"), "need --session")
 
 

@@ -32,11 +32,13 @@ from tests.support.engine_helpers import run_cli
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_the_built_in_prompt_is_unchanged() -> None:
-    """Earlier measurements (docs/results/speculation.md) ran this exact prompt."""
+def test_the_built_in_prompt_is_colorsys_attached_as_a_user_attaches_it() -> None:
+    """The copy-edit prompt is what a user attaching the file sends (`render_user_content`);
+    measurements dated before 2026-12-05 (docs/results/speculation.md) ran an older prompt
+    that opened "Here is colorsys.py:" above the same fenced file."""
     source = inspect.getsource(colorsys)
     assert workloads()["copy-edit"][0].content == (
-        "Here is colorsys.py:\n\n```python\n" + source + "```\n\nRename the function `_v` to "
+        "colorsys.py\n```python\n" + source + "```\n\nRename the function `_v` to "
         "`_value` everywhere (its definition and every call) and give back the whole file, "
         "nothing else."
     )
@@ -118,7 +120,7 @@ def test_the_prompt_names_the_file_and_the_rename() -> None:
     text = (REPO / "packaging" / "amx_probe.c").read_text()
     source = copy_edit_source("amx_probe.c", text, "XFEATURE_XTILEDATA=TILEDATA_FEATURE")
     message = source.message().content
-    assert message.startswith("Here is amx_probe.c:\n\n```c\n/* Does this machine run AMX")
+    assert message.startswith("amx_probe.c\n```c\n/* Does this machine run AMX")
     assert "Rename the name `XFEATURE_XTILEDATA` to `TILEDATA_FEATURE` everywhere" in message
     assert source.describe() == {
         "file": "amx_probe.c",

@@ -64,13 +64,16 @@ async def test_real_engine_stream_resume_and_reopen(velo_home, smollm2_path, tmp
         await turn(pilot, screen, "And three fruits?")
         follow_up = app.store.messages(session_id)[-1]
         assert follow_up.stats["cached_tokens"] > 0  # the live context was reused
-        await pilot.press("ctrl+r")  # regenerate: resumes from the state before the question
+        await pilot.press("ctrl+r")  # regenerate, in a fork: resumes from the state before the question
         await wait_for(lambda: not screen.busy and not screen.workers)
-        regen = app.store.messages(session_id)
-        assert len(regen) == 4 and regen[-1].id != follow_up.id
+        assert app.store.messages(session_id)[-1] == follow_up  # the session keeps its answer
+        fork_id = screen.session.id
+        regen = app.store.messages(fork_id)
+        assert fork_id != session_id and len(regen) == 4
         assert regen[-1].content == follow_up.content  # greedy: the same answer again
         assert regen[-1].stats["cached_tokens"] >= follow_up.stats["prompt_tokens"] - 16
         follow_up = regen[-1]
+        session_id = fork_id
     app.store.close()
 
     app2 = build(profile, db)

@@ -134,7 +134,7 @@ async def test_cancel_mid_prefill(tmp_path):
         assert reply.status == "interrupted" and reply.content == ""
 
 
-async def test_busy_input_is_not_sent_twice(tmp_path):
+async def test_enter_during_a_reply_queues_the_message_and_sends_it_once(tmp_path):
     script = FakeScript(pause_after=1)
     app, factory = fake_app(tmp_path, script)
     async with app.run_test(size=SIZE) as pilot:
@@ -145,10 +145,13 @@ async def test_busy_input_is_not_sent_twice(tmp_path):
         await until(pilot, lambda: screen.busy)
         screen.query_one(Composer).load_text("second")
         await pilot.press("enter")
+        await pilot.pause()
+        assert screen.query_one(Composer).text == "" and len(screen.queue) == 1
+        assert len(factory.engines[0].turns) == 1  # queued, not sent beside the running turn
         script.gate.set()
-        await until(pilot, lambda: not screen.busy)
-        assert len(factory.engines[0].turns) == 1
-        assert screen.query_one(Composer).text == "second"
+        await until(pilot, lambda: not screen.busy and not len(screen.queue) and not screen.workers)
+        await until(pilot, lambda: len(factory.engines[0].turns) == 2)
+        assert [turn[-1].content for turn in factory.engines[0].turns] == ["first", "second"]
 
 
 async def test_streaming_holds_the_cursors_still_and_marks_only_the_composer(tmp_path):
@@ -246,7 +249,7 @@ async def test_new_rename_delete_fork(tmp_path):
         lst.highlighted = 0
         await pilot.press("enter")
         await pilot.pause()
-        assert screen.session.id == app.store.list_sessions()[0].id
+        assert screen.session.id == screen.query_one("#sidebar").sessions[0].id  # the tree's first row
 
 
 async def test_filter_sessions_as_you_type(tmp_path):
@@ -385,7 +388,7 @@ async def test_keymap_rebinds_and_palette_lists_actions(tmp_path):
             assert expected in titles
 
 
-async def test_regenerate_replaces_the_last_reply(tmp_path):
+async def test_regenerate_answers_the_last_question_again_in_a_fork(tmp_path):
     app, factory = fake_app(tmp_path, FakeScript(reply="First answer."))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, "one")
@@ -395,9 +398,12 @@ async def test_regenerate_replaces_the_last_reply(tmp_path):
         chat(app).query_one(Composer).focus()
         await pilot.press("ctrl+r")
         await until(pilot, lambda: not chat(app).busy and not chat(app).workers)
-        after = app.store.messages(session.id)
+        assert app.store.messages(session.id) == before  # the session keeps its answer
+        fork = chat(app).session
+        assert fork.id != session.id and fork.parent_session_id == session.id
+        after = app.store.messages(fork.id)
         assert [m.content for m in after[:3]] == [m.content for m in before[:3]]
-        assert len(after) == 4 and after[-1].id != before[-1].id  # replaced, not appended
+        assert len(after) == 4 and after[-1].content == "First answer."
         sent = factory.engines[0].turns[-1]
         assert [m.content for m in sent][-3:] == ["one", "First answer.", "two"]
         views = chat(app).query_one(Transcript).views()

@@ -7,19 +7,17 @@ then `python -m tests.support.readme_image` (the README's screenshot is one of t
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
 from velo_chat.app.dialogs.message import MessageDialog
-from velo_chat.app.screens.chat import ChatScreen
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.engine.llama.gguf_file import GGUFError
 from velo_chat.engine.prompt.thinking import ThinkingSupport
 
 from tests.support import readme_image
 from tests.support.fake_engine import FakeScript
-from tests.support.tui_helpers import fake_app
+from tests.support.tui_helpers import chat, fake_app, wait_for
 
 pytestmark = pytest.mark.usefixtures("bare_home")
 SIZE = (100, 30)
@@ -27,18 +25,6 @@ CODE_REPLY = (
     "Use a list comprehension:\n\n```python\nsquares = [n * n for n in range(10)]\n"
     "print(squares)\n```\n\nIt builds the list in one pass."
 )
-
-
-def chat(app) -> ChatScreen:
-    return next(s for s in app.screen_stack if isinstance(s, ChatScreen))
-
-
-async def wait_for(cond, timeout: float = 60.0) -> None:  # generous: a loaded machine
-    for _ in range(int(timeout / 0.02)):
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 def sender(text: str, *, until_idle: bool = True):
@@ -93,6 +79,51 @@ def test_streaming_with_live_panel(snap_compare, tmp_path):
 
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run)
+    finally:
+        script.gate.set()
+
+
+CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+SUBTRACT_REPLY = (
+    "Add it beside `add`:\n\n```python\ndef sub(a, b):\n    return a - b\n```\n\n"
+    "and a test for each function in `test_calc.py`."
+)
+
+
+def coding_session(tmp_path, monkeypatch) -> tuple:
+    """A coding session mid-reply: a question with a file attached (folded above it), the reply
+    streaming, and a message queued behind it with the next file attached to it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "calc.py").write_text(CALC)
+    (tmp_path / "test_calc.py").write_text(
+        "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    )
+    script = FakeScript(reply=SUBTRACT_REPLY, pause_after=24)
+    app, _ = fake_app(tmp_path, script)
+
+    async def run(pilot):
+        screen = chat(pilot.app)
+        await wait_for(lambda: screen.model_ready)
+        composer = screen.query_one(Composer)
+        for text in ("/read calc.py", "Add a subtract function", "/read test_calc.py", "Now write its test"):
+            composer.load_text(text)
+            await pilot.press("enter")
+            await pilot.pause()
+            if text.startswith("Add"):
+                await wait_for(
+                    lambda: screen.turn_view.reply is not None and len(screen.turn_view.reply.text) >= 48
+                )
+        await wait_for(lambda: len(screen.queue) == 1)
+        await pilot.pause(0.3)
+
+    return app, script, run
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+def test_coding_session(snap_compare, tmp_path, monkeypatch, size):
+    app, script, run = coding_session(tmp_path, monkeypatch)
+    try:
+        assert snap_compare(app, terminal_size=size, run_before=run)
     finally:
         script.gate.set()
 

@@ -1,19 +1,31 @@
 """`velo-chat ask`: one turn in a stored session, streamed to stdout (or one JSON object).
 
 A thinking model's reasoning streams to stderr and its answer to stdout, so `ask ... > out.md`
-keeps only the answer; `--json` has both (`text` and `reasoning`)."""
+keeps only the answer; `--json` has both (`text` and `reasoning`). `--file` attaches files
+(app/attachments.py); `--edit N` / `--regenerate [N]` revise a stored session in a fork
+(app/conversation.py, `Revision`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
-from velo_chat.engine import EngineEvent, EngineWarning, TokenDelta, TurnDone, TurnFailed
+from velo_chat.engine import (
+    EngineEvent,
+    EngineWarning,
+    TokenDelta,
+    TurnDone,
+    TurnFailed,
+)
+from velo_chat.engine.config import Profile
+from velo_chat.store import Attachment, Message
 from velo_chat.store.input_text import clean_text, decode_text
 
-from ..conversation import record, start_turn, turn_messages
+from ..attachments import AttachmentLimits, read_files
+from ..conversation import Revision, last_revision, record, revision_at, start_turn
 from ..errors import UserError
 from .common import load_engine, open_store, override_sampling, replaced_warning, resolve_profile
 
@@ -64,13 +76,50 @@ def _stream(events: Iterable[EngineEvent], quiet: bool) -> tuple[TurnDone | None
     return done, failed
 
 
+def _revision(args: argparse.Namespace, messages: Sequence[Message]) -> Revision | None:
+    """Which message `--regenerate [N]`, `--edit N` or `--edit-last` revises (None: a plain turn)."""
+    if args.regenerate is not None:
+        if args.regenerate == -1:
+            return last_revision(messages)
+        return revision_at(messages, args.regenerate, regenerate=True)
+    if args.edit is not None:
+        return revision_at(messages, args.edit, regenerate=False)
+    if args.edit_last:
+        return last_revision(messages)
+    return None
+
+
+def _attach(patterns: Sequence[str], profile: Profile) -> tuple[list[Attachment], list[str]]:
+    """The `--file` attachments (read before the model loads: a bad path costs no load), and a
+    warning line per file whose bytes were not all UTF-8."""
+    files = read_files(patterns, Path.cwd(), AttachmentLimits.from_settings(profile.attachments))
+    warnings = [
+        f"velo-chat: warning: {f.attachment.path}: replaced {f.replaced} invalid UTF-8 bytes with U+FFFD"
+        for f in files
+        if f.replaced
+    ]
+    return [f.attachment for f in files], warnings
+
+
+def _on_wait(session_id: str) -> Callable[[str], None]:
+    def say(holder: str) -> None:
+        print(
+            f"velo-chat: session {session_id[:8]} is taking a turn in {holder}; waiting for it to end "
+            "(Ctrl-C gives up)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
+
+
 def run(args: argparse.Namespace) -> int:
-    rewind = args.regenerate or args.edit_last
-    if rewind and not args.session:
-        raise UserError("--regenerate and --edit-last need --session ID")
-    if args.regenerate and args.prompt is not None:
-        raise UserError("--regenerate takes no prompt (it asks the last question again)")
-    prompt, warning = (None, None) if args.regenerate else _read_prompt(args.prompt)
+    revising = args.regenerate is not None or args.edit is not None or args.edit_last
+    if revising and not args.session:
+        raise UserError("--regenerate, --edit and --edit-last need --session ID")
+    if args.regenerate is not None and (args.prompt is not None or args.files):
+        raise UserError("--regenerate takes no prompt and no --file (it asks the stored question again)")
+    prompt, warning = (None, None) if args.regenerate is not None else _read_prompt(args.prompt)
     with open_store() as store:
         session = store.get_session(store.resolve_id(args.session)) if args.session else None
         profile_name = args.ask_profile or args.profile or (session.profile if session else None)
@@ -80,12 +129,28 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_tokens=args.max_tokens,
         )
-        # Before the model loads: a session with no question to rewind to is refused at once,
-        # and --regenerate asks the stored question again.
-        prompt = turn_messages(store, session, profile, prompt, rewind=rewind).text
+        # Before the model loads: a revision of a message that is not there is refused at once,
+        # and --regenerate asks the stored question again with its files.
+        revision = _revision(args, store.messages(session.id)) if session and revising else None
+        attachments, file_warnings = _attach(args.files, profile)
+        if revision is not None and args.regenerate is not None:
+            prompt, attachments = revision.text, list(revision.attachments)
+        if prompt is None:  # --regenerate always finds a stored question (revision above)
+            raise UserError("a prompt is needed")
+        revise_at = revision.position if revision else None
         engine = load_engine(profile, args.model, quiet=args.json)
         try:
-            started = start_turn(store, engine, session=session, profile=profile, text=prompt, rewind=rewind)
+            started = start_turn(
+                store,
+                engine,
+                session=session,
+                profile=profile,
+                text=prompt,
+                attachments=attachments,
+                revise_at=revise_at,
+                working_dir=str(Path.cwd()),
+                on_wait=_on_wait(session.id) if session else None,
+            )
             session = started.session
             done, failed = _stream(record(started.events, started.recorded), args.json)
         finally:
@@ -110,8 +175,17 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     if not started.recorded.saved:  # printed above, so not lost; but say it is not stored
         raise UserError(f"the reply was printed but not saved: {started.recorded.save_error}")
-    if warning:
-        print(warning, file=sys.stderr)
+    for line in [warning, *file_warnings]:
+        if line:
+            print(line, file=sys.stderr)
+    if started.forked_from is not None:
+        print(
+            f"velo-chat: the revision is in session {session.id[:8]}, a fork of "
+            f"{started.forked_from.id[:8]} (which stays as it was)",
+            file=sys.stderr,
+        )
+    if started.recorded.empty_reason:
+        print(f"velo-chat: warning: the reply is empty: {started.recorded.empty_reason}", file=sys.stderr)
     if done.stats.finish_reason == "interrupted":  # a remote stream cut mid-reply: kept, marked so
         raise UserError(f"the reply was cut; what arrived is saved in session {session.id[:8]} (interrupted)")
     if done.stats.finish_reason == "context":

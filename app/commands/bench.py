@@ -11,6 +11,7 @@ from typing import Any
 
 from velo_chat.engine import CgroupError, EngineAPI, SpecSourceError
 from velo_chat.engine.bench import (
+    ATTACH_LINES,
     DEFAULT_DECODE_TOKENS,
     BenchResult,
     CopyEditSource,
@@ -114,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.load_cgroup:
         _check_load_cgroup(args)
+    if args.attach and (args.spec or profile.backend.kind == "remote"):
+        raise UserError(
+            "--attach measures the in-process engine's resume from disk in a fresh process: "
+            "not with --spec or a remote profile"
+        )
     if args.spec and profile.backend.kind == "remote":
         raise UserError(
             "--spec measures the in-process engine's n-gram speculation: a remote profile's "
@@ -182,6 +188,7 @@ def _local(
             load_same_session=args.load_same_session,
             load_cgroup=args.load_cgroup,
             thread_counts=thread_counts,
+            attach_lines=ATTACH_LINES if args.attach else 0,
             **extra,
         )
     except CgroupError as exc:  # the busy processes could not join their cgroup

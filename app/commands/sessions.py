@@ -67,7 +67,11 @@ def _show(store: SessionStore, args: argparse.Namespace) -> None:
     print(f"# {s.title or '(untitled)'}  [{s.id}]  profile {s.profile}")
     for m in store.messages(session_id):
         flag = "" if m.status == "complete" else f" ({m.status})"
-        print(f"\n## {m.role} #{m.id}{flag}\n{m.content}")
+        # the position is what `ask --edit N` / `--regenerate N` take; the id what `fork --at` takes
+        print(f"\n## [{m.position}] {m.role} (message id {m.id}){flag}")
+        for a in m.attachments:
+            print(f"📎 {a.path} ({a.size:,} bytes, sha256 {a.sha256[:12]})")
+        print(m.content)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,8 +14,9 @@ stay on the screen and call them.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
@@ -23,11 +24,16 @@ from textual.widgets import Footer, Input, Static
 from textual.worker import get_current_worker
 
 from velo_chat.engine.config import Profile
-from velo_chat.store import Session
+from velo_chat.store import Attachment, Session, StoreError
+from velo_chat.store import Message as StoredMessage
 from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
+from ..attachments import AttachmentLimits, AttachmentRefused
+from ..conversation import Revision, last_revision, revision_at
+from ..dialogs.confirm import ConfirmDialog
 from ..dialogs.message import error_dialog
+from ..errors import UserError
 from ..gc_hold import FullCollectionHold
 from ..generation import TurnRequest, run_apply, run_preview, run_turn, ui_shares_cores
 from ..messages import (
@@ -42,13 +48,21 @@ from ..messages import (
     TurnBegan,
     TurnEnded,
     TurnRejected,
+    TurnWaiting,
 )
+from ..widgets.composer.chips import AttachmentChips
 from ..widgets.composer.composer import Composer
+from ..widgets.composer.queue import MessageQueue
 from ..widgets.sessions.sidebar import SessionList, SessionSidebar
 from ..widgets.telemetry.panel import LivePanel
+from ..widgets.transcript.message import MessageView
 from ..widgets.transcript.transcript import Transcript
+from ..widgets.transcript.message import CodeWidthChanged
+from ..widgets.transcript.panes import fit_side_panes, pane_keyed
 from .base import VeloScreen
 from .chat_model import ModelLoader, ThinkingChoice
+from .chat_files import AttachedFiles, read_command_paths
+from .chat_queue import Queue
 from .chat_sessions import Copying, Sessions, header_text
 from .chat_turn import TurnView, resume_line
 
@@ -95,7 +109,22 @@ class ChatScreen(VeloScreen):
             busy=lambda: self.busy,
             session_changed=self._update_header,
             request_preview=self.request_preview,
+            opened=self._session_opened,
         )
+        self.files = AttachedFiles(
+            chips=lambda: self.query_one(AttachmentChips),
+            limits=lambda: AttachmentLimits.from_settings(self.app.profile.attachments),
+            base=self.working_dir,
+            history=self._history,
+            changed=self.request_preview,
+        )
+        self.queue = Queue(
+            lambda: self.app.store,
+            widget=lambda: self.query_one(MessageQueue),
+            session=lambda: self.session,
+            resume_key=self.queue_key,
+        )
+        self.revising: Revision | None = None  # the message the composer's text will replace
         self.copying = Copying(
             transcript=lambda: self.query_one(Transcript),
             focused=lambda: self.focused,
@@ -120,6 +149,8 @@ class ChatScreen(VeloScreen):
             with Vertical(id="main"):
                 yield Static("", id="session-header")
                 yield Transcript(show_thinking=app.profile.reasoning.show_thinking, id="transcript")
+                yield MessageQueue(id="queue")
+                yield AttachmentChips(id="chips")
                 yield Composer(cursor_blink=app.cursor_blink, id="composer")
                 yield Static("", id="preview-line")
             yield LivePanel(
@@ -136,6 +167,7 @@ class ChatScreen(VeloScreen):
         self.query_one(LivePanel).set_speculation(self.app.profile.speculation.enabled)
         self.sessions.refresh()
         self._update_header()
+        self._session_opened()
         self.app.profile_changed.subscribe(self, self._profile_changed)
         self._sync_composer()
         self.query_one(Composer).focus()
@@ -148,7 +180,7 @@ class ChatScreen(VeloScreen):
         blink is a frame, and on a small machine the UI's frames are taken from the decode
         (`app/stream_pacer.py`); typing still works and the cursor stays visible."""
         composer = self.query_one(Composer)
-        composer.accepting = self.model_ready and not self.busy
+        composer.accepting = self.model_ready or self.busy  # while a reply streams, Enter queues
         composer.set_class(self.busy, "-busy")
         blink = self.app.cursor_blink and not self.busy
         composer.cursor_blink = blink
@@ -158,13 +190,17 @@ class ChatScreen(VeloScreen):
 
     @on(Composer.Submitted)
     async def _send(self, event: Composer.Submitted) -> None:
-        if self.busy or not self.model_ready:  # changed since the composer took the text
-            event.composer.give_back(event.text)
-            self._say_why_not_sent()
-            return
+        """Enter: `/read PATH...` attaches; during a reply the message is queued; else it is
+        sent, with the attached files, as a revision when one is being written."""
         try:
+            paths = read_command_paths(event.text)
+            if paths is not None:
+                if not paths:
+                    raise AttachmentRefused("/read needs a path (or several; globs such as src/*.py work)")
+                self._attach_files(paths, given_back=event.text)
+                return
             clean = clean_text(event.text, "the message")
-        except BinaryInput as exc:
+        except (BinaryInput, AttachmentRefused) as exc:
             event.composer.give_back(event.text)
             self.app.push_screen(error_dialog("The message was not sent", str(exc)))
             return
@@ -173,52 +209,174 @@ class ChatScreen(VeloScreen):
                 f"{clean.replaced} character(s) of the message were not valid text and were sent as \ufffd.",
                 severity="warning",
             )
-        await self._start_turn(clean.text)
+        if self.queue.editing is not None:
+            self._say_store_error(self.queue.replace_edited(clean.text, self.files.take()))
+            self._send_next_queued()
+            return
+        if self.busy:
+            self._queue(clean.text)
+            return
+        if not self.model_ready:  # changed since the composer took the text
+            event.composer.give_back(event.text)
+            self._say_why_not_sent()
+            return
+        revision, self.revising = self.revising, None
+        await self._start_turn(
+            clean.text, self.files.take(), revise_at=revision.position if revision else None
+        )
+
+    def _queue(self, text: str) -> None:
+        if self.revising is not None:
+            self.notify(
+                "A revision is sent when no reply streams: it was queued as a new message.", timeout=4
+            )
+            self.revising = None
+        self._say_store_error(self.queue.add(text, self.files.take()))
+        self.notify(f"Queued ({len(self.queue)} waiting): sent when the reply ends.", timeout=3)
+
+    def _say_store_error(self, error: str | None) -> None:
+        if error:
+            self.app.push_screen(
+                error_dialog(
+                    "The queued message is not stored",
+                    f"The session store refused it ({error}). It is queued, but a quit would lose it.",
+                )
+            )
 
     @on(Composer.Held)
     def _held(self) -> None:
         self._say_why_not_sent()
 
     def _say_why_not_sent(self) -> None:
-        if self.busy:
-            self.notify(
-                "A reply is streaming: wait, or press Esc to stop it. Your message stays in the input.",
-                severity="warning",
-            )
-        else:
-            self.notify(
-                "The model is not loaded yet. Your message stays in the input; press "
-                "Enter again when it is ready.",
-                severity="warning",
-            )
+        self.notify(
+            "The model is not loaded yet. Your message stays in the input; press "
+            "Enter again when it is ready.",
+            severity="warning",
+        )
+
+    # -- revisions: any earlier message, in a fork ----------------------------------------------
+
+    def _focused_message(self) -> tuple[MessageView, int] | None:
+        """The focused message and its position in the session (None: none focused, or not
+        stored yet)."""
+        view = self.focused
+        if not isinstance(view, MessageView) or view.message_id is None or self.session is None:
+            return None
+        try:
+            return view, self.app.store.get_message(view.message_id).position
+        except StoreError as exc:
+            self.app.push_screen(error_dialog("Cannot read the message", str(exc)))
+            return None
+
+    def action_revise_message(self) -> None:
+        """Put the focused message of the user's (and its files) in the composer: sending it
+        makes a fork holding the conversation before it plus the revision."""
+        found = self._focused_message()
+        if found is None or found[0].role != "user":
+            self.notify("Focus one of your messages to revise it.", severity="warning")
+            return
+        messages = self._history()
+        try:
+            revision = revision_at(messages, found[1], regenerate=False)
+        except UserError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        self.revising = revision
+        composer = self.query_one(Composer)
+        composer.load_text(revision.text)
+        composer.move_cursor(composer.document.end)
+        self.files.restore(revision.attachments)
+        composer.focus()
+        self._show_line(self._revise_line())
+        self.request_preview()
+
+    def _revise_line(self) -> str:
+        assert self.revising is not None
+        turn = sum(1 for m in self._history() if m.role == "user" and m.position <= self.revising.position)
+        return (
+            f"[b]revising your message {turn}[/b]: Enter sends it in a fork (this session stays)"
+            " · Esc cancels"
+        )
+
+    async def action_regenerate_message(self) -> None:
+        """Answer the focused reply again, in a fork (the session keeps this answer)."""
+        found = self._focused_message()
+        if found is None or found[0].role != "assistant":
+            self.notify("Focus a reply to answer it again.", severity="warning")
+            return
+        try:
+            revision = revision_at(self._history(), found[1], regenerate=True)
+        except UserError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        await self._regenerate(revision)
 
     async def action_regenerate(self) -> None:
-        """Answer the last question again; resumes from the checkpoint before it."""
-        if self.busy or not self.model_ready or self.session is None:
+        """Answer the last question again, in a fork."""
+        if self.session is None:
             self.notify("Nothing to regenerate now.", severity="warning")
             return
-        transcript = self.query_one(Transcript)
-        views = transcript.views()
-        users = [i for i, v in enumerate(views) if v.role == "user"]
-        if not users:
-            self.notify("This session has no question to answer again.", severity="warning")
+        try:
+            revision = last_revision(self._history())
+        except UserError as exc:
+            self.notify(str(exc), severity="warning")
             return
-        text = views[users[-1]].text
-        for view in views[users[-1] :]:
-            await view.remove()
-        await self._start_turn(text, rewind=True)
+        await self._regenerate(revision)
 
-    async def _start_turn(self, text: str, *, rewind: bool = False) -> None:
+    async def _regenerate(self, revision: Revision) -> None:
+        if self.busy or not self.model_ready:
+            self.notify(
+                "Nothing can be answered again while a reply streams or the model loads.", severity="warning"
+            )
+            return
+        await self._start_turn(
+            revision.text, revision.attachments, revise_at=revision.position, regenerate=True
+        )
+
+    def _history(self) -> list[StoredMessage]:
+        """The active session's stored messages ([] for a new session, or when unreadable)."""
+        if self.session is None:
+            return []
+        try:
+            return self.app.store.messages(self.session.id)
+        except StoreError:
+            return []
+
+    def working_dir(self) -> Path:
+        """The folder attached paths start from: the session's, where it still exists, else the
+        folder velo-chat was started in."""
+        stored = self.session.working_dir if self.session else None
+        if stored and Path(stored).is_dir():
+            return Path(stored)
+        return Path.cwd()
+
+    async def _start_turn(
+        self,
+        text: str,
+        attachments: tuple[Attachment, ...] = (),
+        *,
+        revise_at: int | None = None,
+        regenerate: bool = False,
+    ) -> None:
         self.busy = True
         self._sync_composer()
         self._gc_hold.hold()
         self._cancel = threading.Event()
-        await self.turn_view.begin(text, show_thinking=self.app.profile.reasoning.show_thinking)
+        if revise_at is not None:  # the fork's view: the messages before the revised one
+            await self.query_one(Transcript).show_messages(
+                [m for m in self._history() if m.position < revise_at]
+            )
+        await self.turn_view.begin(
+            text, attachments=attachments, show_thinking=self.app.profile.reasoning.show_thinking
+        )
         request = TurnRequest(
             text,
             self.session,
             self.app.profile,
-            rewind=rewind,
+            attachments=attachments,
+            revise_at=revise_at,
+            regenerate=regenerate,
+            working_dir=str(Path.cwd()),
             reasoning=self.thinking.reasoning(),
             paced=self.app.pace_stream,
         )
@@ -247,17 +405,48 @@ class ChatScreen(VeloScreen):
     async def on_turn_rejected(self, msg: TurnRejected) -> None:
         await self.turn_view.remove()
         self._end_busy()
-        if self.session is not None:  # a rejected regenerate removed views: show the store's
-            await self.query_one(Transcript).show_messages(self.app.store.messages(self.session.id))
-        if not msg.rewind:  # a regenerate's question is still stored: nothing to give back
+        if self.session is not None:  # a rejected revision showed the fork's view: the session's
+            await self.query_one(Transcript).show_messages(self._history())
+        if msg.give_back:  # a regenerate's question is still stored: nothing to give back
             self.query_one(Composer).give_back(msg.text)
+            self.files.restore(msg.attachments)
+        if len(self.queue):
+            self.queue.pause()
         self.app.push_screen(error_dialog("The message was not sent", msg.reason))
 
-    def on_turn_accepted(self, msg: TurnAccepted) -> None:
+    def on_turn_waiting(self, msg: TurnWaiting) -> None:
+        self._show_line(
+            f"[b]waiting[/b]: {msg.holder} is taking a turn in this session; yours starts when it ends"
+            " · Esc stops"
+        )
+
+    async def on_turn_accepted(self, msg: TurnAccepted) -> None:
+        if not msg.created:  # another process may have added messages since they were shown
+            await self._show_messages_added_elsewhere(msg)
         self.sessions.active = msg.session
         self.turn_view.accepted(msg)
+        self.queue.session_ready(msg.session)
         self.sessions.refresh()
         self._update_header()
+        if msg.forked_from is not None:
+            self.notify(
+                f"The revision is in a fork; “{msg.forked_from.title or 'untitled'}” stays as it was.",
+                timeout=5,
+            )
+
+    async def _show_messages_added_elsewhere(self, msg: TurnAccepted) -> None:
+        transcript = self.query_one(Transcript)
+        shown = {view.message_id for view in transcript.views()}
+        missed = [
+            m
+            for m in self.app.store.messages(msg.session.id)
+            if m.position < msg.user.position and m.id not in shown
+        ]
+        if missed and self.turn_view.user is not None:
+            await transcript.insert_before(self.turn_view.user, missed)
+            self.notify(
+                f"{len(missed)} message(s) were added to this session by another velo-chat.", timeout=5
+            )
 
     def on_turn_began(self, msg: TurnBegan) -> None:
         self.turn_view.began(msg)
@@ -276,7 +465,103 @@ class ChatScreen(VeloScreen):
         self._end_busy()
         self.turn_view.tell(msg)
         self.sessions.refresh()
-        self.request_preview()
+        stopped = msg.stats is not None and msg.stats.finish_reason in ("cancelled", "interrupted")
+        if len(self.queue) and (msg.failed or stopped or not msg.saved):
+            self.queue.pause()
+            self.notify(
+                f"The queue is paused ({len(self.queue)} waiting): {self.queue_key()} sends the next.",
+                severity="warning",
+                timeout=6,
+            )
+        if not self._send_next_queued():
+            self.request_preview()
+
+    def _send_next_queued(self) -> bool:
+        """Send the next queued message if no reply streams; whether one was sent."""
+        if self.busy or not self.model_ready:
+            return False
+        item = self.queue.next()
+        if item is None:
+            return False
+        self.run_worker(self._start_turn(item.text, item.attachments), group="queue")
+        return True
+
+    def queue_key(self) -> str:
+        return keymap.key_label(
+            keymap.effective_key(keymap.BY_ID["chat.send_queue"], self.app.settings.keymap)
+        )
+
+    def action_send_queue(self) -> None:
+        if not len(self.queue):
+            self.notify("No message is queued.", timeout=3)
+            return
+        self.queue.resume()
+        if self.busy:
+            self.notify("The queue goes on when this reply ends.", timeout=3)
+        elif not self._send_next_queued():
+            self.notify(
+                "The queued message being edited goes first: send it (Enter) or remove it.", timeout=5
+            )
+
+    @on(MessageQueue.EditRequested)
+    def _edit_queued(self, event: MessageQueue.EditRequested) -> None:
+        item = self.queue.edit(event.key)
+        if item is None:
+            return
+        composer = self.query_one(Composer)
+        composer.give_back(item.text)
+        self.files.restore(item.attachments)
+        composer.focus()
+        self._show_line("[b]editing a queued message[/b]: Enter puts it back in its place")
+
+    @on(MessageQueue.RemoveRequested)
+    def _remove_queued(self, event: MessageQueue.RemoveRequested) -> None:
+        self.queue.remove(event.key)
+
+    def _session_opened(self) -> None:
+        """A session was opened (or the new one): its folder for `@`, its queued messages."""
+        self.revising = None
+        self.query_one(Composer).set_file_root(self.working_dir())
+        waiting = self.queue.load(self.session)
+        if waiting:
+            self.app.push_screen(
+                ConfirmDialog(
+                    "Send the queued messages?",
+                    f"{waiting} message(s) were queued in this session and not sent. Send them now, in "
+                    f"order? (Or keep them queued: {self.queue_key()} sends them later; each can be "
+                    "edited or removed in the queue.)",
+                    yes="Send",
+                    no="Keep queued",
+                ),
+                self._queued_choice,
+            )
+
+    def _queued_choice(self, send: bool | None) -> None:
+        if send:
+            self.action_send_queue()
+
+    # -- attaching files -----------------------------------------------------------------------
+
+    def _attach_files(self, paths: list[str], *, given_back: str = "") -> None:
+        """Attach files (a dialog when refused, and the text that asked is given back)."""
+        try:
+            warnings = self.files.attach(paths)
+        except AttachmentRefused as exc:
+            if given_back:
+                self.query_one(Composer).give_back(given_back)
+            self.app.push_screen(error_dialog("The file was not attached", str(exc)))
+            return
+        for line in warnings:
+            self.notify(line, severity="warning")
+
+    @on(Composer.FilesChosen)
+    def _files_chosen(self, event: Composer.FilesChosen) -> None:
+        self._attach_files(list(event.paths))
+
+    @on(AttachmentChips.Removed)
+    def _chip_removed(self, event: AttachmentChips.Removed) -> None:
+        self.files.remove(event.index)
+        self.query_one(Composer).focus()
 
     def _end_busy(self) -> None:
         self.turn_view.end()
@@ -296,7 +581,23 @@ class ChatScreen(VeloScreen):
     def action_cancel_turn(self) -> None:
         if self.busy and not self._cancel.is_set():
             self._cancel.set()
-            self.notify("Stopping the reply…", timeout=2)
+            if len(self.queue):
+                self.queue.pause()
+                self.notify(
+                    f"Stopping the reply; the queue is paused ({len(self.queue)} waiting, "
+                    f"{self.queue_key()} sends the next).",
+                    timeout=5,
+                )
+            else:
+                self.notify("Stopping the reply…", timeout=2)
+        elif self.revising is not None:
+            self.revising = None
+            self._show_line("")
+            self.notify("Not revising any more: Enter sends the text as a new message.", timeout=3)
+            self.request_preview()
+        elif self.queue.editing is not None:
+            self.queue.stop_editing()
+            self._show_line("")
 
     # -- the model, the sessions, copying: Textual's side, calling the parts -------------------
 
@@ -358,15 +659,28 @@ class ChatScreen(VeloScreen):
         if not self.model_ready or self.busy:
             return
         draft = self.query_one(Composer).text or " "
-        self._preview(TurnRequest(draft, self.session, self.app.profile, reasoning=self.thinking.reasoning()))
+        self._preview(
+            TurnRequest(
+                draft,
+                self.session,
+                self.app.profile,
+                attachments=tuple(self.files.files),
+                revise_at=self.revising.position if self.revising else None,
+                reasoning=self.thinking.reasoning(),
+            )
+        )
 
     @work(thread=True, exclusive=True, group="preview")
     def _preview(self, request: TurnRequest) -> None:
         run_preview(self.app.host, self.app.store, request, self.post_message)
 
     def on_preview_ready(self, msg: PreviewReady) -> None:
+        self.files.counted(self.files.files, msg.file_tokens)
         if not self.busy:
-            self._show_line(resume_line(msg.preview, self.thinking.thinks()))
+            line = resume_line(
+                msg.preview, self.thinking.thinks(), self.files.tokens(), len(self.files.files)
+            )
+            self._show_line(f"{self._revise_line()} · {line}" if self.revising else line)
 
     # -- thinking -----------------------------------------------------------------------------
 
@@ -405,10 +719,24 @@ class ChatScreen(VeloScreen):
     def action_toggle_sidebar(self) -> None:
         bar = self.query_one("#sidebar")
         bar.display = not bar.display
+        pane_keyed(bar)
 
     def action_toggle_panel(self) -> None:
         panel = self.query_one("#panel")
         panel.display = not panel.display
+        pane_keyed(panel)
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Panes that gave way to code come back where the window now has room for them."""
+        self._fit_panes_to_code(resized=True)
+
+    @on(CodeWidthChanged)
+    def _fit_panes_to_code(self, _: CodeWidthChanged | None = None, *, resized: bool = False) -> None:
+        """The live panel, then the sidebar, give way while the transcript is too narrow for its
+        widest code line (`panes.py`); the user is told when they go."""
+        panes = [self.query_one("#panel"), self.query_one("#sidebar")]
+        if fit_side_panes(panes, self.query_one(Transcript), self.app.size.width, resized=resized):
+            self.notify("Side panes hidden to fit code; Ctrl+B / Ctrl+T bring them back.", timeout=6)
 
     def action_focus_input(self) -> None:
         self.query_one(Composer).focus()

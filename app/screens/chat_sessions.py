@@ -67,9 +67,11 @@ class Sessions:
         busy: Callable[[], bool],
         session_changed: Callable[[], None],
         request_preview: Callable[[], None],
+        opened: Callable[[], None] = lambda: None,
     ) -> None:
         """`busy`: whether a reply streams (no switching then); `session_changed` is called
-        when the active session is replaced or renamed (the screen's header shows it)."""
+        when the active session is replaced or renamed (the screen's header shows it), `opened`
+        when another session (or a new one) is opened (its queue and folder)."""
         self._app = app
         self._notify = notify
         self._sidebar = sidebar
@@ -79,6 +81,7 @@ class Sessions:
         self._busy = busy
         self._session_changed = session_changed
         self._request_preview = request_preview
+        self._opened = opened
         self.active: Session | None = None  # None: a new session, made by its first turn
         self._filter = ""
 
@@ -123,6 +126,7 @@ class Sessions:
         await self._transcript().show_messages(messages)
         self.refresh()
         self._session_changed()
+        self._opened()
         self._composer().focus()
         self._request_preview()
 

@@ -6,7 +6,7 @@ it; what it uses is given to it: the widgets it writes to and the screen's notif
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from textual.screen import Screen
@@ -16,13 +16,17 @@ from velo_chat.engine import ResumePreview
 from ..dialogs.message import error_dialog
 from ..messages import PrefillUpdated, TokensStreamed, TurnAccepted, TurnBegan, TurnEnded
 from ..widgets.telemetry.panel import LivePanel
+from ..widgets.transcript.files import AttachedFile
 from ..widgets.transcript.message import MessageView
 from ..widgets.transcript.transcript import Transcript
 
 
-def resume_line(preview: ResumePreview | None, thinks: bool | None) -> str:
+def resume_line(
+    preview: ResumePreview | None, thinks: bool | None, file_tokens: int | None = None, n_files: int = 0
+) -> str:
     """The line under the composer between turns: what sending the draft would reuse and
-    prefill (None: unknown), and whether the next turn thinks (None: no switch)."""
+    prefill (None: unknown) and its estimated time at this machine's measured prefill rate, how
+    many tokens the attached files add, and whether the next turn thinks (None: no switch)."""
     line = ""
     if preview is not None:
         p = preview
@@ -30,6 +34,10 @@ def resume_line(preview: ResumePreview | None, thinks: bool | None) -> str:
         line = f"reuses {p.cached_tokens:,} cached tokens · prefills {p.prefill_tokens:,}{est}"
         if p.source == "server":
             line = "remote: the server keeps its own prompt cache"
+    if n_files:
+        noun = "file" if n_files == 1 else "files"
+        counted = f"{file_tokens:,} tokens" if file_tokens is not None else "tokens not counted yet"
+        line = f"{n_files} {noun}: {counted}" + (f" · {line}" if line else "")
     if thinks is not None:
         line = f"thinking {'on' if thinks else 'off'}" + (f" · {line}" if line else "")
     return line
@@ -58,11 +66,14 @@ class TurnView:
         self.reply: MessageView | None = None  # streams the reply
         self._line_says_prefill = False  # the line under the composer shows prefill progress
 
-    async def begin(self, text: str, *, show_thinking: bool) -> None:
-        """The user's message and an empty reply, at the end of the transcript."""
+    async def begin(
+        self, text: str, *, show_thinking: bool, attachments: Sequence[AttachedFile] = ()
+    ) -> None:
+        """The user's message (its attached files folded above its text) and an empty reply, at
+        the end of the transcript."""
         transcript = self._transcript()
         transcript.freeze_history()  # before the new messages: they count only once laid out
-        self.user = await transcript.add_message(MessageView("user", text))
+        self.user = await transcript.add_message(MessageView("user", text, attachments=attachments))
         self.reply = await transcript.add_message(
             MessageView("assistant", streaming=True, show_thinking=show_thinking)
         )
@@ -136,6 +147,8 @@ class TurnView:
         refused, a reply cut at the end of the context."""
         if msg.failed:
             self._notify(f"The reply failed: {msg.failed}", severity="error", timeout=8)
+        elif msg.empty_reason:
+            self._notify(f"The reply is empty: {msg.empty_reason}.", severity="warning", timeout=8)
         if not msg.saved:
             self._push_screen(
                 error_dialog(

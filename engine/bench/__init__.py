@@ -1,9 +1,10 @@
-"""Measuring: `velo-chat bench` and its sections (threads, load, resume, sessions).
+"""Measuring: `velo-chat bench` and its sections (threads, load, resume, sessions, attach).
 
 Nothing here is needed to chat; it drives the engine through its public surface and its
 measurement hooks (`velo_chat.engine.diagnostics`) and reports.
 """
 
+from .attach import ATTACH_LINES, AttachedFile
 from .load import busy_processes, check_load_cgroup
 from .remote import run_remote_bench
 from .result import BenchResult
@@ -12,7 +13,9 @@ from .spec import with_speculation, workloads
 from .spec_source import CopyEditSource, copy_edit_source
 
 __all__ = [
+    "ATTACH_LINES",
     "DEFAULT_DECODE_TOKENS",
+    "AttachedFile",
     "BenchResult",
     "CopyEditSource",
     "busy_processes",

@@ -23,6 +23,7 @@ from typing import Any
 from .remote import format_remote_lines
 from .result import BenchResult, conversation_of
 from .load import busy_processes, format_load_lines, load_section, measure_load, threads_section
+from . import attach as bench_attach
 from . import session as bench_session
 from .resume import run_resume_bench
 from .spec import format_spec_lines, spec_section
@@ -95,6 +96,7 @@ def run_bench(
     spec: bool = False,
     spec_source: CopyEditSource | None = None,
     spec_copy_tokens: int | None = None,
+    attach_lines: int = 0,
 ) -> BenchResult:
     """Run every section on an in-process engine (`NoDiagnostics` for another).
     `thread_counts`: decode again with each fixed count (the threads section); `load`: decode
@@ -103,7 +105,8 @@ def run_bench(
     this process's, see `engine/bench/load.py`). With `resume_tokens`, the resume section runs
     last and closes the engine (its fresh-process probe must not share the machine with a second
     copy). `spec_copy_tokens`: the `--spec` copy-edit reply's length (None: the whole file,
-    `spec.copy_edit_budget`)."""
+    `spec.copy_edit_budget`). `attach_lines`: run the attach section (`attach.py`) with a file
+    of that many lines (0: not at all); it closes the engine too, for the same reason."""
     note = on_progress or (lambda _s: None)
     diag = diagnostics(engine)
     result = _result_of(engine, diag, profile_name)
@@ -148,8 +151,8 @@ def run_bench(
                     cgroup=load_cgroup,
                 )
     diag.reset()
-    if resume_tokens > 0:
-        result.sections.update(_resume_sections(engine, resume_tokens, note))
+    if resume_tokens > 0 or attach_lines > 0:
+        result.sections.update(_fresh_process_sections(engine, resume_tokens, attach_lines, note))
     return result
 
 
@@ -216,15 +219,34 @@ def _prefill_rows(
     return room
 
 
-def _resume_sections(engine: EngineAPI, resume_tokens: int, note: Callable[[str], None]) -> dict[str, Any]:
-    """The resume sections (`resume.py`, `session.py`); they close the engine."""
+def _fresh_process_sections(
+    engine: EngineAPI, resume_tokens: int, attach_lines: int, note: Callable[[str], None]
+) -> dict[str, Any]:
+    """The sections whose last turn runs in a fresh process: resume (`resume.py`, `session.py`,
+    when `resume_tokens`) and attach (`attach.py`, when `attach_lines`). Every turn of the
+    benchmark's engine runs first, then the engine is closed, then the fresh processes run one
+    at a time, so a big model is never loaded twice at once."""
+    sections: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:
-        note(f"resume: a 3-turn session of {resume_tokens} tokens, warm and cold")
-        session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens)
-        note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
-        resume = run_resume_bench(engine, tokens=resume_tokens)
-        note("resume: the session's last follow-up from disk in a fresh process")
-        return {"resume": resume, "resume_session": bench_session.probe(session)}
+        session = attach = None
+        if resume_tokens > 0:
+            note(f"resume: a 3-turn session of {resume_tokens} tokens, warm and cold")
+            session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens)
+        if attach_lines > 0:
+            note(f"attach: a file of {attach_lines} lines and a follow-up, warm and cold")
+            attach = bench_attach.prepare(engine, Path(tmp), lines=attach_lines)
+        if resume_tokens > 0:
+            note(f"resume: a {resume_tokens}-token conversation cold, warm and from disk")
+            sections["resume"] = run_resume_bench(engine, tokens=resume_tokens)  # closes the engine
+        else:
+            engine.close()
+        if session is not None:
+            note("resume: the session's last follow-up from disk in a fresh process")
+            sections["resume_session"] = bench_session.probe(session)
+        if attach is not None:
+            note("attach: the follow-up from disk in a fresh process")
+            sections["attach"] = bench_attach.probe(attach)
+    return sections
 
 
 def format_table(result: BenchResult) -> str:
@@ -267,6 +289,9 @@ def format_table(result: BenchResult) -> str:
     s = result.sections.get("resume_session")
     if s:
         lines += bench_session.format_lines(s)
+    a = result.sections.get("attach")
+    if a:
+        lines += bench_attach.format_lines(a)
     sp = result.sections.get("speculation")
     if sp:
         lines += format_spec_lines(sp)

@@ -2,7 +2,9 @@
 
 The built-in workload is the standard library's `colorsys.py` with `_v` renamed to `_value`. It
 says what speculation does on a file no one wrote for it, but not on the user's own code, model
-and machine; `bench --spec --spec-file FILE` builds the same workload from any text file.
+and machine; `bench --spec --spec-file FILE` builds the same workload from any text file. The
+prompt is the file attached as the app attaches it (`velo_chat.engine.render_user_content`) with
+the rename request below it, so the workload is what a user attaching the file sends.
 
 Which name to rename, when the user does not say (`--spec-rename OLD=NEW`): a name the file
 defines and uses again, the one used most (the first defined among equals), as a person asking
@@ -20,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from .. import ChatMessage, SpecSourceError
+from .. import ChatMessage, SpecSourceError, render_user_content
+from .attach import AttachedFile
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WORD = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z_][A-Za-z0-9_]*")  # each whole name in a text
@@ -29,29 +32,6 @@ _DEFINITION = re.compile(
     r"type|typedef|let|const|var|val|sub|proc|macro|module)\s+(?:mut\s+)?([A-Za-z_][A-Za-z0-9_]*)",
     re.MULTILINE,
 )
-_FENCES = {
-    ".py": "python",
-    ".pyi": "python",
-    ".rs": "rust",
-    ".go": "go",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".ts": "typescript",
-    ".tsx": "tsx",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".hpp": "cpp",
-    ".cu": "cuda",
-    ".java": "java",
-    ".kt": "kotlin",
-    ".rb": "ruby",
-    ".sh": "bash",
-    ".lua": "lua",
-    ".swift": "swift",
-    ".zig": "zig",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +48,22 @@ class CopyEditSource:
     def lines(self) -> int:
         return self.text.count("\n") + (0 if self.text.endswith("\n") else 1)
 
-    def message(self) -> ChatMessage:
-        fence = _FENCES.get(PurePath(self.name).suffix.lower(), "")
-        body = self.text if self.text.endswith("\n") else self.text + "\n"
+    def instruction(self) -> str:
+        """The rename request a user types below the attached file."""
         uses = "call" if self.kind == "function" else "use"
-        return ChatMessage(
-            "user",
-            f"Here is {self.name}:\n\n```{fence}\n{body}```\n\nRename the {self.kind} `{self.old}` "
-            f"to `{self.new}` everywhere (its definition and every {uses}) and give back the "
-            "whole file, nothing else.",
+        return (
+            f"Rename the {self.kind} `{self.old}` to `{self.new}` everywhere (its definition and "
+            f"every {uses}) and give back the whole file, nothing else."
         )
+
+    def message(self) -> ChatMessage:
+        """The user message: the file attached as the app attaches it, then the instruction,
+        so the workload is exactly what a user attaching the file sends."""
+        return ChatMessage("user", render_user_content([self.attached()], self.instruction()))
+
+    def attached(self) -> AttachedFile:
+        """The file as a user attaches it: under its name, with its text."""
+        return AttachedFile(self.name, self.text)
 
     def describe(self) -> dict[str, object]:
         return {"file": self.name, "lines": self.lines, "rename": [self.old, self.new]}

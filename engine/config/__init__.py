@@ -18,6 +18,7 @@ from .locations import (
 )
 from .profile_schema import (
     SECTIONS,
+    AttachmentSettings,
     Profile,
     ReasoningSettings,
     SamplingSettings,
@@ -51,6 +52,7 @@ __all__ = [
     "setup_file_logging",
     # the schema
     "SECTIONS",
+    "AttachmentSettings",
     "Profile",
     "ReasoningSettings",
     "SamplingSettings",

@@ -402,6 +402,24 @@ class CheckpointSettings:
 
 
 @dataclass(frozen=True)
+class AttachmentSettings:
+    """Files attached to a message (`@path` and `/read` in the TUI, `ask --file`)."""
+
+    max_files: int = setting(
+        50,
+        "Most files one message may attach; a glob matching more is refused (say a narrower one).",
+        min=1,
+        max=10000,
+    )
+    max_file_kib: int = setting(
+        4096,
+        "Largest file that may be attached, in KiB; a larger one is refused before it is read.",
+        min=1,
+        max=1048576,
+    )
+
+
+@dataclass(frozen=True)
 class DisplaySettings:
     """How the TUI looks."""
 
@@ -423,6 +441,7 @@ class Profile:
     reasoning: ReasoningSettings = field(default_factory=ReasoningSettings)
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
+    attachments: AttachmentSettings = field(default_factory=AttachmentSettings)
     display: DisplaySettings = field(default_factory=DisplaySettings)
 
 

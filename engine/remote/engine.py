@@ -185,6 +185,10 @@ class RemoteEngine(EngineFacts):
     def thinking_support(self) -> ThinkingSupport | None:
         return None  # the server's template decides; `reasoning.enabled` is passed through
 
+    def count_tokens(self, text: str) -> int | None:
+        """The server's tokenizer is not reachable through the OpenAI API: unknown."""
+        return None
+
     def preview(
         self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
     ) -> ResumePreview:

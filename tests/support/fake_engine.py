@@ -109,6 +109,9 @@ class FakeEngine(EngineFacts):
     def thinking_support(self) -> ThinkingSupport | None:
         return self.script.thinking
 
+    def count_tokens(self, text: str) -> int | None:
+        return len(text) // 4
+
     def preview(self, messages, *, reasoning=None) -> ResumePreview:
         if self.script.preview_error is not None:
             raise self.script.preview_error

@@ -1,6 +1,7 @@
 """The README's screenshot of the TUI, `docs/images/tui.svg`, is the SVG that the snapshot test
-`tests/test_tui_snapshots.py::test_session_with_code_answer` keeps (the fake engine, fixed
-clocks, 100x30): so it shows the TUI as the tests see it. This copies that snapshot there.
+`tests/test_tui_snapshots.py::test_coding_session[120x40]` keeps (the fake engine, fixed clocks,
+120x40: a question with a file attached, the reply streaming, a message queued behind it with
+the next file): so it shows the TUI as the tests see it. This copies that snapshot there.
 
 After an intended visual change:
 
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SNAPSHOT = ROOT / "tests" / "__snapshots__" / "test_tui_snapshots" / "test_session_with_code_answer.svg"
+SNAPSHOT = ROOT / "tests" / "__snapshots__" / "test_tui_snapshots" / "test_coding_session[120x40].svg"
 IMAGE = ROOT / "docs" / "images" / "tui.svg"
 
 

@@ -3,9 +3,12 @@ of variation pinned (clocks, memory, cursor blink) so snapshots are deterministi
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from velo_chat.app.app import VeloChatApp, make_app
+from velo_chat.app.screens.chat import ChatScreen
 from velo_chat.app.settings import AppSettings
 from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.config.profiles import build_profile
@@ -51,3 +54,16 @@ def fake_app(
         **kwargs,
     )
     return app, factory
+
+
+def chat(app) -> ChatScreen:
+    """The app's chat screen, under any dialog or screen pushed over it."""
+    return next(s for s in app.screen_stack if isinstance(s, ChatScreen))
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 60.0) -> None:  # generous: a loaded machine
+    for _ in range(int(timeout / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not met in time")

@@ -6,25 +6,38 @@ While streaming, `stream_text(answer_so_far, reasoning_so_far)` writes only the 
 into a `MarkdownStream` (`Markdown.get_stream`), which batches fragments when rendering falls
 behind; `finish` stops the streams and does one final `update` of each, so the finished message is
 parsed exactly once.
+
+A user message's attached files show above its text, each folded into one line (`files.py`); `o`
+opens and folds them. Code blocks wrap at the transcript's width (`code.py`), and a message that
+shows code tells the screen (`CodeWidthChanged`), which makes room for it (`panes.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-
 from ... import keymap
-from .text import code_blocks
+from .code import CodeWrappingMarkdown
+from .files import AttachedFile, FileBlock
+from .text import code_blocks, widest_code_line
 
 STATUS_LABELS = {"interrupted": "interrupted", "error": "failed"}
 
 
+class CodeWidthChanged(Message):
+    """Code was shown in the transcript (a reply finished, a session opened): the screen may
+    have to make room for its widest line."""
+
+
 class MessageView(Vertical, can_focus=True):
-    """Focusable so `c` / `y` (copy) and `t` (reasoning) work without a mouse."""
+    """Focusable so `c` / `y` (copy), `t` (reasoning) and `o` (files) work without a mouse."""
 
     BINDINGS = keymap.bindings("message")
     MIN_ROOM = 4  # no room is held in a transcript shorter than twice this
@@ -39,6 +52,7 @@ class MessageView(Vertical, can_focus=True):
         message_id: int | None = None,
         streaming: bool = False,
         show_thinking: bool = True,
+        attachments: Sequence[AttachedFile] = (),
     ) -> None:
         super().__init__(classes=f"message -{role}")
         self.role = role
@@ -48,6 +62,8 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self.show_thinking = show_thinking
         self.streaming = streaming
+        self.attachments = tuple(attachments)
+        self._code_width: tuple[str, int] = ("", 0)  # the text it was measured on, and its width
         self.code_index = 0  # which code block `y` copies next
         self._shown_thinking = ""
         self._shown_answer = ""
@@ -58,9 +74,11 @@ class MessageView(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="message-header")
+        for file in self.attachments:
+            yield FileBlock(file)
         with Collapsible(title="reasoning", collapsed=True, classes="thinking"):
-            yield Markdown(self.reasoning if not self.streaming else "", classes="thinking-body")
-        yield Markdown(self.text if not self.streaming else "", classes="answer")
+            yield CodeWrappingMarkdown(self.reasoning if not self.streaming else "", classes="thinking-body")
+        yield CodeWrappingMarkdown(self.text if not self.streaming else "", classes="answer")
 
     def on_mount(self) -> None:
         self.set_class(self.streaming, "-streaming")
@@ -145,6 +163,16 @@ class MessageView(Vertical, can_focus=True):
         self.query_one(".message-header", Static).update(self._header())
         self.set_class(False, "-streaming")
         self.set_class(status in STATUS_LABELS, f"-{status}")
+        if self.code_width():
+            self.post_message(CodeWidthChanged())
+
+    def code_width(self) -> int:
+        """The widest line of code in the text, in cells (0: no code); the reasoning's code is
+        left out, it is folded by default. Measured once per text: the screen asks for every
+        message each time it fits the panes."""
+        if self._code_width[0] != self.text:
+            self._code_width = (self.text, widest_code_line(self.text))
+        return self._code_width[1]
 
     # -- copy helpers -------------------------------------------------------------------------
 
@@ -163,3 +191,13 @@ class MessageView(Vertical, can_focus=True):
     def action_toggle_thinking(self) -> None:
         box = self.query_one(".thinking", Collapsible)
         box.collapsed = not box.collapsed
+
+    def action_toggle_files(self) -> None:
+        """Open every attached file, or fold them all when all are open."""
+        blocks = list(self.query_children(FileBlock))
+        if not blocks:
+            self.notify("This message has no attached files.", severity="warning", timeout=3)
+            return
+        fold = all(not block.collapsed for block in blocks)
+        for block in blocks:
+            block.collapsed = fold

@@ -9,6 +9,9 @@ messages are hundreds of Markdown block widgets: that layout was most of the UI 
 and the UI thread's time is taken from the decode on a small machine (`app/stream_pacer.py`).
 They come back (`thaw`) when the reply ends, when the user scrolls up, and when the transcript
 changes width (their heights would change).
+
+It also says how wide its code is (`widest_code_line`, `code_gutter`): the screen hides side panes
+while the transcript is too narrow for a code line (`panes.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from textual.widgets import Static
 
 from velo_chat.store import Message
 
-from .message import MessageView
+from .code import WrappedCode
+from .message import CodeWidthChanged, MessageView
+
+# The columns of the transcript's width a code row cannot use, by chat.tcss: the transcript's
+# padding (1 + 1) and scrollbar (2), a message's border (1) and padding (1 + 1), the code's
+# padding (2 + 2). Measured on a shown code block where there is one (`code_gutter`).
+CODE_GUTTER = 11
 
 EMPTY_TEXT = (
     "[b]No messages yet.[/b]\n\nType below and press [b]Enter[/b] to send "
@@ -45,10 +54,8 @@ class Transcript(VerticalScroll, can_focus=False):
         stand_in.display = False
         yield stand_in
 
-    async def show_messages(self, messages: Sequence[Message]) -> None:
-        self.thaw()
-        await self.remove_children(MessageView)
-        views = [
+    def _views_of(self, messages: Sequence[Message]) -> list[MessageView]:
+        return [
             MessageView(
                 m.role,
                 m.content,
@@ -56,19 +63,48 @@ class Transcript(VerticalScroll, can_focus=False):
                 status=m.status,
                 message_id=m.id,
                 show_thinking=self.show_thinking,
+                attachments=m.attachments,
             )
             for m in messages
             if m.role != "system"
         ]
+
+    async def show_messages(self, messages: Sequence[Message]) -> None:
+        self.thaw()
+        await self.remove_children(MessageView)
+        views = self._views_of(messages)
         self.query_one("#transcript-empty").display = not views
         if views:
             await self.mount_all(views)
         self.scroll_end(animate=False, immediate=False)
+        if self.widest_code_line():
+            self.post_message(CodeWidthChanged())
+
+    async def insert_before(self, view: MessageView, messages: Sequence[Message]) -> None:
+        """Show stored `messages` before `view` (messages another process added to the session
+        before the turn `view` starts)."""
+        views = self._views_of(messages)
+        if views:
+            self.thaw()
+            await self.mount_all(views, before=view)
 
     async def add_message(self, view: MessageView) -> MessageView:
         self.query_one("#transcript-empty").display = False
         await self.mount(view)
+        if view.code_width():
+            self.post_message(CodeWidthChanged())
         return view
+
+    def widest_code_line(self) -> int:
+        """The widest line of code in the messages shown, in cells (0: no code)."""
+        return max((view.code_width() for view in self.views()), default=0)
+
+    def code_gutter(self) -> int:
+        """How many columns narrower than the transcript its code rows are: measured on a code
+        block that is laid out (the one with the widest rows: one nested in a list is narrower),
+        else `CODE_GUTTER` (the messages of a session just opened are not laid out yet)."""
+        widths = [rows.content_size.width for rows in self.query(WrappedCode) if rows.content_size.width]
+        return self.outer_size.width - max(widths) if widths else CODE_GUTTER
 
     def set_show_thinking(self, show: bool) -> None:
         """Show or hide every message's reasoning (the profile's `reasoning.show_thinking`)."""
