@@ -217,3 +217,75 @@ async def test_a_user_message_with_files_shows_them_folded(tmp_path, monkeypatch
         view = next(v for v in screen.query_one(Transcript).views() if v.role == "user")
         assert isinstance(view, MessageView)
         assert [a.path for a in view.attachments] == ["notes.md"]
+
+
+async def test_at_completion_in_the_chat_attaches_the_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "notes.md").write_text("notes\n")
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        screen.query_one(Composer).focus()
+        await pilot.press(*"explain @cal")
+        composer = screen.query_one(Composer)
+        await until(
+            pilot, lambda: composer.path_completion is not None and bool(composer.path_completion.matches)
+        )
+        assert composer.path_completion.matches[0] == "calc.py"
+        await pilot.press("enter")  # accepts the file; does not send
+        await until(pilot, lambda: [a.path for a in screen.files.files] == ["calc.py"])
+        assert composer.text.strip() == "explain" and app.store.list_sessions() == []
+
+
+async def test_a_changed_file_attached_again_says_which_turn_holds_the_old_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    source = tmp_path / "calc.py"
+    source.write_text("def add(a, b):\n    return a + b\n")
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await type_and_enter(pilot, "/read calc.py")
+        await send(pilot, "Review it")
+        source.write_text("def add(a, b):\n    return b + a\n")
+        await type_and_enter(pilot, "/read calc.py")
+        chips = screen.query_one(AttachmentChips)
+        await until(pilot, lambda: chips.display)
+        assert "changed since turn 1" in str(chips.query_one(".chip-text").render())
+        await send(pilot, "And now?")
+        first, second = [m for m in app.store.messages(screen.session.id) if m.role == "user"]
+        assert first.attachments[0].content.endswith("a + b\n")  # the old turn keeps the old version
+        assert second.attachments[0].content.endswith("b + a\n")
+
+
+async def test_a_turn_waits_for_another_writer_and_shows_what_it_added(tmp_path):
+    import threading
+
+    db = tmp_path / "sessions.db"
+    app, _ = fake_app(tmp_path, store=fixed_store(db))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot)
+        await send(pilot, "Mine first")
+        session_id = screen.session.id
+        other = fixed_store(db)  # another process's store on the same database
+        held, release = threading.Event(), threading.Event()
+
+        def writer() -> None:
+            with other.writer(session_id):
+                held.set()
+                release.wait(60)
+                other.add_exchange(session_id, "Theirs")
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        held.wait(10)
+        await type_and_enter(pilot, "Mine again")
+        line = screen.query_one("#preview-line")
+        await until(pilot, lambda: "waiting" in str(line.render()))
+        release.set()
+        thread.join(30)
+        await until(pilot, lambda: not screen.busy and not screen.workers)
+        assert user_texts(app, session_id) == ["Mine first", "Theirs", "Mine again"]
+        shown = [v.text for v in screen.query_one(Transcript).views() if v.role == "user"]
+        assert shown == ["Mine first", "Theirs", "Mine again"]
+        other.close()
