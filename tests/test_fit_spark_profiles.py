@@ -118,3 +118,25 @@ def test_snapshots_count_only_where_the_engine_keeps_them() -> None:
     assert rs(enabled=True, allow_batch_rounding=False) == off
     drafted = rs(enabled=True, allow_batch_rounding=True, max_draft=16)
     assert drafted > off and drafted == pytest.approx(off * 17, rel=0.01)
+
+
+SPARK_PROFILES = ("spark-qwen38-lowmem", "spark-qwen38", "spark-qwen38-long")
+PROFILES_DIR = Path(__file__).resolve().parents[1] / "assets" / "profiles"
+
+
+@pytest.mark.parametrize("name", SPARK_PROFILES)
+def test_spark_profiles_speculate_with_what_a_gpu_needs_and_say_what_it_trades(name) -> None:
+    """Speculation on, with the batch rounding a GPU and a hybrid model need (without it the
+    engine would not speculate at all there), a GPU-sized cost prior, snapshots the fit check
+    counts; the profile's comment says what that trades and how to turn it off."""
+    profile = shipped_profile(name)
+    assert profile is not None
+    spec = profile.speculation
+    assert spec.enabled and spec.allow_batch_rounding
+    assert spec.max_draft + 1 <= profile.context.n_ubatch
+    assert 0.0 < spec.batch_cost_prior < 0.8  # below the default, which fits a CPU's batch
+    text = (PROFILES_DIR / f"{name}.toml").read_text()
+    comment = text[text.index("[speculation]") : text.index("enabled = true")]
+    assert "rounding" in comment and "enabled = false" in comment
+    with_spec = estimate(profile, _qwen38_like(), gpu_offload=True, integrated_gpu=True)
+    assert next(t.bytes for t in with_spec if t.key == "rs_gpu") > 0
