@@ -36,11 +36,10 @@ from .widgets.telemetry.panel import MemoryProbe
 
 def reload_needed(old: Profile, new: Profile) -> str | None:
     """ "model" or "context" when going from `old` to `new` needs the engine rebuilt, else None
-    (sampling and display changes apply to the next turn)."""
+    (sampling and display changes apply to the next turn, and so do the context's settings that
+    declare no `reload`: what happens when it is full)."""
     if old.model != new.model:
         return "model"
-    if old.context != new.context:
-        return "context"
     for name in SECTIONS:
         a, b = getattr(old, name), getattr(new, name)
         for f in dataclasses.fields(a):

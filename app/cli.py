@@ -85,6 +85,13 @@ def _ask(sub: Subcommands) -> None:
     ask.add_argument("--temperature", type=_temperature, metavar="T")
     ask.add_argument("--seed", type=_seed, metavar="S")
     ask.add_argument(
+        "--thinking-budget",
+        type=_nonnegative,
+        metavar="N",
+        help="most reasoning tokens for this turn, then the answer (0: no limit; "
+        "overrides reasoning.budget_tokens)",
+    )
+    ask.add_argument(
         "-f",
         "--file",
         dest="files",
@@ -93,6 +100,15 @@ def _ask(sub: Subcommands) -> None:
         metavar="PATH",
         help="attach a text file (repeatable; globs such as 'src/*.py' allowed): the model sees it "
         "before the prompt, fenced and labelled with its path",
+    )
+    ask.add_argument(
+        "--pin",
+        dest="pins",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="attach a file like --file, pinned: when the context is full it stays in the model's "
+        "view (a compaction carries it into the continuation; docs/compaction.md)",
     )
     redo = ask.add_mutually_exclusive_group()
     redo.add_argument(
@@ -153,6 +169,14 @@ def _sessions(sub: Subcommands) -> None:
     sr.add_argument("title")
     sq = ssub.add_parser("search", help="search message text")
     sq.add_argument("query")
+    sc = ssub.add_parser(
+        "compact",
+        help="summarize a session into a continuation that opens with the summary and its last "
+        "turns (the session stays whole); prints the continuation's id",
+    )
+    sc.add_argument("id")
+    sc.add_argument("--focus", metavar="TEXT", help="what the summary should focus on")
+    sc.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
 
 
 def _bench(sub: Subcommands) -> None:
@@ -188,6 +212,13 @@ def _bench(sub: Subcommands) -> None:
         help="also run the attach section: a coding session with a source file attached (the first "
         "lines of the standard library's argparse.py, as many as the context holds), then a "
         "follow-up's TTFT cold and from the disk checkpoints in a fresh process",
+    )
+    bench.add_argument(
+        "--compact",
+        action="store_true",
+        help="also run the compaction section: a conversation filled to context.compact_at, then "
+        "its summary turn's TTFT warm against a cold prefill of the same prompt, and the first "
+        "follow-up in the continuation",
     )
     bench.add_argument(
         "--ple",

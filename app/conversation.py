@@ -24,6 +24,7 @@ checkpoints. A turn:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -35,6 +36,7 @@ from velo_chat.engine import (
     ChatMessage,
     EngineAPI,
     EngineEvent,
+    PromptTooLong,
     Reply,
     TokenDelta,
     TurnDone,
@@ -52,21 +54,56 @@ from .errors import UserError
 log = logging.getLogger(__name__)
 
 
-def engine_messages(system_prompt: str, messages: Sequence[Message]) -> list[ChatMessage]:
+def engine_messages(
+    system_prompt: str, messages: Sequence[Message], *, view_start: int = 0
+) -> list[ChatMessage]:
     """The conversation the model sees: the session's system prompt, then every message that
     has text (failed replies with no text are left out). A user message's attached files come
     before its typed text (`attachments.render_user_content`). A reply's reasoning goes to the
     template as `reasoning_content`: the template decides where it shows (Qwen3 keeps only the
-    last reply's) and whether at all."""
+    last reply's) and whether at all.
+
+    `view_start` (`Session.view_start`, after the oldest turns were dropped from the model's
+    view): the messages before that position are left out, but the pinned files among them
+    are not: the latest version of each, unless the view attaches that path again, opens the
+    first user message in view, before that message's own files (docs/compaction.md)."""
     out = [ChatMessage("system", system_prompt)] if system_prompt else []
+    carried = carried_files(messages, view_start) if view_start else ()
     for m in messages:
+        if m.position < view_start:
+            continue
         if m.role == "system" or (m.status == "error" and not m.content and not m.reasoning):
             continue
         if m.role == "user":
-            out.append(ChatMessage("user", render_user_content(m.attachments, m.content)))
+            files = (*carried, *m.attachments)
+            carried = ()
+            out.append(ChatMessage("user", render_user_content(files, m.content)))
         else:
             out.append(ChatMessage(m.role, m.content, m.reasoning if m.role == "assistant" else ""))
     return out
+
+
+def pinned_files(messages: Sequence[Message]) -> tuple[Attachment, ...]:
+    """The latest version of each pinned file among `messages` (a path is pinned once any
+    message attached it pinned; its latest version is the last one attached, pinned or not),
+    marked pinned, in the order of those latest versions. What a compaction's continuation and
+    a view without its oldest turns keep showing the model."""
+    pinned = {a.path for m in messages if m.role == "user" for a in m.attachments if a.pinned}
+    latest: dict[str, Attachment] = {}
+    for m in messages:
+        for a in m.attachments if m.role == "user" else ():
+            if a.path in pinned:
+                latest.pop(a.path, None)  # re-inserted: the order is that of the latest versions
+                latest[a.path] = dataclasses.replace(a, pinned=True)
+    return tuple(latest.values())
+
+
+def carried_files(messages: Sequence[Message], view_start: int) -> tuple[Attachment, ...]:
+    """The pinned files of the messages before `view_start` that the view does not attach
+    again: they open the first user message in view (`engine_messages`)."""
+    before = [m for m in messages if m.position < view_start]
+    in_view = {a.path for m in messages if m.position >= view_start for a in m.attachments}
+    return tuple(a for a in pinned_files(before) if a.path not in in_view)
 
 
 def last_user_message(messages: Sequence[Message]) -> Message | None:
@@ -145,26 +182,34 @@ def turn_messages(
     history is the messages before it, and the turn is stored in a fork (`start_turn`)."""
     system_prompt = session.system_prompt if session else profile.system_prompt
     stored = store.messages(session.id) if session else []
+    view_start = session.view_start if session else 0
     if revise_at is not None:
         if session is None:
             raise UserError("a revision needs a session")
         stored = [m for m in stored if m.position < revise_at]
+        view_start = view_start if view_start < revise_at else 0  # as `fork_before` sets the fork's
     files = tuple(attachments)
     new = ChatMessage("user", render_user_content(files, text))
-    return TurnMessages(engine_messages(system_prompt, stored) + [new], text, files, system_prompt, revise_at)
+    history = engine_messages(system_prompt, stored, view_start=view_start)
+    return TurnMessages(history + [new], text, files, system_prompt, revise_at)
 
 
-def check_room(engine: EngineAPI, planned: TurnMessages) -> None:
+def check_room(engine: EngineAPI, planned: TurnMessages, *, history: bool = True) -> None:
     """Refuse attached files that do not fit the context's room, saying both token counts
     (`UserError`, before anything is stored). The engine would refuse the whole prompt anyway;
-    this says which part is too big. A remote engine cannot count tokens: its server refuses."""
+    this says which part is too big. A remote engine cannot count tokens: its server refuses.
+    `history` False: the room is that of a conversation holding only the system prompt and the
+    typed text (a full context's policy can make room for the rest: docs/compaction.md)."""
     if not planned.attachments or engine.info is None:
         return
     counts = [engine.count_tokens(render_block(a)) for a in planned.attachments]
     known = [c for c in counts if c is not None]
     if len(known) < len(counts):
         return
-    without_files = planned.messages[:-1] + [ChatMessage("user", planned.text)]
+    before = planned.messages[:-1]
+    if not history:
+        before = [ChatMessage("system", planned.system_prompt)] if planned.system_prompt else []
+    without_files = before + [ChatMessage("user", planned.text)]
     prompt_tokens = engine.preview(without_files).prompt_tokens
     refusal = room_refusal(sum(known), prompt_tokens, engine.info.n_ctx)
     if refusal:
@@ -253,6 +298,7 @@ class StartedTurn:
     events: TurnHandle
     recorded: RecordedTurn
     forked_from: Session | None = None  # a revision: the session the fork was taken from
+    compacted_from: Session | None = None  # the context was full: the session compacted into this one
 
 
 def start_turn(
@@ -267,6 +313,8 @@ def start_turn(
     working_dir: str | None = None,
     on_wait: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
+    on_compact: Callable[[str], None] | None = None,
+    when_full: str | None = None,
     **turn_kwargs: Any,
 ) -> StartedTurn:
     """Build the conversation, have the engine accept the turn, then write it.
@@ -278,13 +326,42 @@ def start_turn(
     before anything is written, so a user error (a prompt that does not fit, no chat template)
     leaves the store as it was. `revise_at`: the turn runs in a new fork of the session holding
     the messages before that position (the session itself is not changed). A new session
-    records `working_dir`, the folder its attached paths are relative to."""
+    records `working_dir`, the folder its attached paths are relative to.
+
+    A full context (docs/compaction.md): when the turn would fill `context.compact_at` of it, or
+    not fit, `when_full` (the profile's `context.when_full` unless given) acts first, under the
+    session's lock: "compact" summarizes the session into a continuation and runs the turn
+    there (`StartedTurn.compacted_from` is the original, unchanged), "drop_oldest" moves the
+    session's view past its oldest turns, "refuse" refuses a turn that does not fit.
+    `on_compact` hears one line saying which, before it starts. A compaction that fails or is
+    cancelled raises `CompactionFailed` with nothing stored."""
     with contextlib.ExitStack() as lock:
         if session is not None and revise_at is None:
             lock.enter_context(store.writer(session.id, on_wait=on_wait, cancel=cancel))
             session = store.get_session(session.id)  # another process may have changed it
         planned = turn_messages(store, session, profile, text, attachments=attachments, revise_at=revise_at)
-        check_room(engine, planned)
+        policy = when_full or profile.context.when_full
+        makes_room = session is not None and revise_at is None and policy in ("compact", "drop_oldest")
+        check_room(engine, planned, history=not makes_room)
+        compacted_from = None
+        if session is not None and revise_at is None:
+            target = _make_room(
+                store,
+                engine,
+                session,
+                profile,
+                planned,
+                policy=policy,
+                on_compact=on_compact,
+                cancel=cancel,
+                reasoning=turn_kwargs.get("reasoning"),
+            )
+            if target.id != session.id:  # a continuation: no one else may write it either
+                lock.enter_context(store.writer(target.id, cancel=cancel))
+                compacted_from = session
+            if target != session:
+                session = target
+                planned = turn_messages(store, session, profile, text, attachments=attachments)
         events = engine.turn(planned.messages, cancel=cancel, **turn_kwargs)
         parent = session if revise_at is not None else None
         try:
@@ -309,7 +386,57 @@ def start_turn(
             raise
         session = store.get_session(session.id)  # its title and time changed with the message
         recorded = RecordedTurn(store, session, user, reply, release=lock.pop_all().close)
-    return StartedTurn(session, created, events, recorded, parent)
+    made = created or compacted_from is not None
+    return StartedTurn(session, made, events, recorded, parent, compacted_from)
+
+
+def _make_room(
+    store: SessionStore,
+    engine: EngineAPI,
+    session: Session,
+    profile: Profile,
+    planned: TurnMessages,
+    *,
+    policy: str,
+    on_compact: Callable[[str], None] | None,
+    cancel: threading.Event | None,
+    reasoning: Any,
+) -> Session:
+    """Apply the `when_full` policy when the turn needs room (`compaction.needs_room`); where
+    the turn runs: the session (its view moved, maybe) or its continuation. A turn whose own
+    message (with the system prompt) does not fit the context is left to the engine, which
+    refuses it as too long: no policy can help it."""
+    from . import compaction  # it builds on this module's conversations
+
+    fill = compaction.fill(engine, planned, profile, reasoning=reasoning)
+    if not compaction.needs_room(fill, profile):
+        return session
+    if policy == "refuse" or policy not in compaction.WHEN_FULL:
+        if not fill.fits:
+            raise PromptTooLong(
+                f"the conversation is {fill.prompt_tokens:,} tokens but the context holds {fill.n_ctx:,} "
+                '(context.when_full is "refuse": set it to "compact" or "drop_oldest", raise '
+                "context.n_ctx, or start a new session)"
+            )
+        return session
+    bare = planned.messages[-1:]
+    if planned.system_prompt:
+        bare = [ChatMessage("system", planned.system_prompt), *bare]
+    if engine.preview(bare, reasoning=reasoning).prompt_tokens >= fill.n_ctx:
+        return session  # the message alone does not fit: the engine says so
+    say = on_compact or (lambda _line: None)
+    pending = planned.messages[-1]
+    if policy == "drop_oldest":
+        say(
+            f"the context is {fill.percent}% full: dropping the oldest turns of session "
+            f"{session.id[:8]} from the model's view ..."
+        )
+        return compaction.drop_oldest(store, engine, session, profile, pending=pending, reasoning=reasoning)
+    say(f"the context is {fill.percent}% full: compacting session {session.id[:8]} into a continuation ...")
+    done = compaction.compact(
+        store, engine, session, profile, cancel=cancel, pending=pending, reasoning=reasoning
+    )
+    return done.session
 
 
 def _delete_quietly(store: SessionStore, session_id: str) -> None:

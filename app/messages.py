@@ -79,6 +79,17 @@ class TurnAccepted(Message):
     user: StoredMessage
     reply: StoredMessage
     forked_from: Session | None = None  # a revision: the session it forked, which stays as it was
+    # the context was full and the session was compacted first: `session` is the continuation,
+    # this the original (which stays whole); the transcript shows the continuation's messages
+    compacted_from: Session | None = None
+
+
+@dataclass
+class TurnMakingRoom(Message):
+    """The context is full and `context.when_full` acts before the turn (compacting into a
+    continuation, or dropping the oldest turns from the model's view): what is happening."""
+
+    line: str
 
 
 @dataclass
@@ -134,3 +145,32 @@ class TurnEnded(Message):
 class PreviewReady(Message):
     preview: ResumePreview | None
     file_tokens: tuple[int | None, ...] = ()  # each attached file's tokens (None: unknown)
+
+
+@dataclass
+class CompactionProgressed(Message):
+    """The summary turn of a `/compact` so far (cumulative: a newer one replaces an older)."""
+
+    prefill: PrefillProgress | None = None  # the request's prefill (None: done, or not begun)
+    n_tokens: int = 0  # summary tokens so far
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, CompactionProgressed)
+
+
+@dataclass
+class CompactionMade(Message):
+    """A `/compact` made its continuation (stored and warmed); the original is unchanged."""
+
+    original: Session
+    continuation: Session
+    kept_turns: int  # turns of the original copied word for word after the summary
+    summary_tokens: int
+
+
+@dataclass
+class CompactionNotMade(Message):
+    """A `/compact` failed or was cancelled: nothing was stored, the session is as it was."""
+
+    reason: str  # one line
+    text: str  # the command the user typed, given back to the composer

@@ -138,4 +138,12 @@ class EngineAPI(Protocol):
         cancel: threading.Event | None = None,
     ) -> TurnHandle: ...
 
+    def warm(
+        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+    ) -> int | None:
+        """Make `messages` (ending with an assistant reply) the live state and save a checkpoint
+        at its follow-up boundary, so the next user turn appended to it resumes warm, in this
+        process and in a new one; the tokens prefilled (None: a remote engine, whose server
+        keeps its own cache, does nothing). A compaction's continuation uses it."""
+
     def close(self) -> bool: ...

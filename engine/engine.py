@@ -46,17 +46,18 @@ from .events import (
     TurnDone,
 )
 from .api import EngineFacts, Turn
-from .errors import DoesNotFit, PromptTooLong
+from .errors import DoesNotFit, ProfileError, PromptTooLong
 from .live_sequence import RESTORE_MIN_GAIN, LiveSequence
 from .llama import gguf_file, log as llama_log
 from .llama.context import DecodeError, LlamaContext
 from .llama.model import LlamaModel
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings, SpeculationSettings
-from .prompt.thinking import ThinkingSupport, requested
+from .prompt.thinking import ReasoningBudget, ThinkingSupport, closing_text, requested
 from .scheduling.threads import plan_for
 from .speculation.stepper import batch_weight_types, exactness, mode_if_enabled, speculation_mode
 from .prompt.rendered import PromptRenderer, RenderedPrompt
 from .turn_runner import TurnParts, TurnPlan, run_turn
+from .turn_runner import _prefill_stops as prefill_stops
 
 log = logging.getLogger(__name__)
 
@@ -357,6 +358,7 @@ class Engine(EngineFacts):
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
         support = model.chat_template.thinking
+        budget = self._budget(support, reasoning or self._profile.reasoning, variables)
         stop = cancel or threading.Event()
         plan = TurnPlan(
             prompt=prompt,
@@ -366,10 +368,35 @@ class Engine(EngineFacts):
             ignore_eos=ignore_eos,
             thinking=support,
             opens_in_reasoning=support.opens_reasoning(prompt.generation_prompt),
+            budget=budget,
             speculation=self._speculation(self._profile.speculation.enabled),
             spec_exactness=self._spec_exactness,
         )
         return Turn(self._observe(run_turn(self._parts(), plan)), stop, len(tokens))
+
+    def _budget(
+        self, support: ThinkingSupport, settings: ReasoningSettings, variables: Mapping[str, Any]
+    ) -> ReasoningBudget:
+        """The turn's thinking budget (none when it is 0 or the turn does not think). The
+        engine writes the template's closing marker itself when the budget is spent, so a
+        budget on a template whose markers are unknown is refused, in one line, rather than
+        ignored."""
+        if settings.budget_tokens <= 0 or not support.thinks(settings):
+            return ReasoningBudget()
+        if not support.markers_found:
+            raise ProfileError(
+                f"profile {self._profile.name!r}: reasoning.budget_tokens = {settings.budget_tokens} "
+                "needs the reasoning markers of the model's chat template, and velo-chat finds none "
+                "in this one (set it to 0)"
+            )
+        template = self._require()[0].chat_template
+
+        def render_reply(answer: str, reasoning: str) -> str:
+            reply = [ChatMessage("user", "Hi"), ChatMessage("assistant", answer, reasoning)]
+            return template.render(reply, add_generation_prompt=False, variables=variables)
+
+        closing = closing_text(support, render_reply)
+        return ReasoningBudget(settings.budget_tokens, settings.budget_message, closing)
 
     def _parts(self) -> TurnParts:
         model, _ctx, live = self._require()
@@ -387,3 +414,54 @@ class Engine(EngineFacts):
             close = getattr(events, "close", None)
             if close is not None:
                 close()
+
+    # -- warming a conversation no turn prompted with -------------------------------------------
+
+    def warm(
+        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+    ) -> int | None:
+        """Make `messages` (a conversation that ends with an assistant reply) the live state
+        and save a checkpoint at its follow-up boundary: exactly the prefix that the next user
+        turn appended to `messages` reuses (`PromptRenderer.follow_up_prefix`), so that turn
+        resumes warm in this process (the live context) and in a new one (the disk tier).
+
+        Why: a compaction's continuation and a view without its oldest turns are conversations
+        no turn has prompted with, so no turn left a checkpoint for them (docs/compaction.md).
+        This starts from the best saved prefix as a turn does (`LiveSequence.start_from_best`)
+        and prefills the rest one ubatch at a time, saving at a turn's interval stops and at the
+        boundary. Give the `reasoning` settings the next turn will run with: they can change the
+        prompt. Returns the tokens prefilled; raises `PromptTooLong` when the boundary does not
+        fit the context. A llama.cpp failure empties the live context before it is raised."""
+        if not messages or messages[-1].role != "assistant":
+            raise ValueError("warm needs a conversation that ends with an assistant reply")
+        live = self._require()[2]
+        assert self._renderer is not None
+        *history, reply = messages
+        prompt = self._render(history, self._template_variables(reasoning))
+        target = self._renderer.follow_up_prefix(prompt, reply.content, reply.reasoning_content)
+        if len(target) >= live.n_ctx:
+            raise PromptTooLong(
+                f"the conversation is {len(target):,} tokens but the context holds {live.n_ctx:,}"
+                " (raise context.n_ctx in the profile or start a new session)"
+            )
+        ck = self._checkpoints
+        try:
+            # a sentinel token after the boundary: a saved state of the whole boundary is usable
+            cached, _source, _restore_s = live.start_from_best([*target, -1], ck)
+            interval = ck.settings.interval_tokens if ck is not None else 0
+            pos = cached
+            for stop in prefill_stops(cached, len(target), interval, save_last=False):
+                while pos < stop:
+                    chunk = target[pos : min(stop, pos + live.n_ubatch)]
+                    live.extend(chunk)
+                    pos += len(chunk)
+                if ck is not None:
+                    live.save(ck)
+            if ck is not None and cached == len(target):
+                live.save(ck)  # nothing to prefill: make sure the boundary is saved (a no-op if it is)
+            live.synchronize()
+        except BaseException:
+            live.clear()
+            raise
+        log.info("warmed a conversation: %d tokens, %d prefilled", len(target), len(target) - cached)
+        return len(target) - cached

@@ -43,8 +43,24 @@ so that a graph keeps its shape from one call to the next). A decode call whose 
 lies in another window than the last call of its size had finds that graph's shapes changed:
 llama.cpp builds it anew and a GPU backend captures its CUDA graph again (`graph_stale`)."""
 
+MIN_TIMED_PREFILL = 64
+"""Prompt tokens llama.cpp must have timed in this context before its rate is trusted to weigh a
+restore against a prefill (until then a checkpoint is restored, as it always was)."""
+
 MAX_RESTORE_ATTEMPTS = 4
 """Checkpoints tried in turn when restoring fails (each failure drops the bad one)."""
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    """Restoring a checkpoint or prefilling the tokens it would save, by their expected cost:
+    the state's bytes at the tier's measured read rate against the tokens at the context's
+    measured prefill rate (a restore from disk can be slower than prefilling a short
+    conversation). `prefill_est_s` is None while no prefill rate is known: then it restores."""
+
+    decision: str  # "restore" or "prefill"
+    restore_est_s: float
+    prefill_est_s: float | None
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class StartPoint:
     n_tokens: int
     source: str  # "live", "ram", "disk" or "none"
     candidate: Candidate | None = None  # the checkpoint to restore, when source is ram/disk
+    choice: RestoreChoice | None = None  # how a usable checkpoint was weighed (None: none was)
 
 
 class LiveSequence:
@@ -75,6 +92,7 @@ class LiveSequence:
         # what the speculation stepper timed its calls at (None: no speculative turn yet): kept
         # with the context, which keeps the graphs and buffers those costs are of
         self.spec_costs: CostModel | None = None
+        self.last_choice: RestoreChoice | None = None  # of the last `start_from_best`
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -159,15 +177,38 @@ class LiveSequence:
             return 0
         return max(keep, 0)
 
+    def prefill_tok_s(self) -> float | None:
+        """The prompt-eval rate llama.cpp has timed in this context (None: too little yet)."""
+        perf = self._ctx.perf()
+        if perf.n_prompt_eval < MIN_TIMED_PREFILL or perf.prompt_eval_ms <= 0:
+            return None
+        return perf.n_prompt_eval / (perf.prompt_eval_ms / 1000)
+
     def best_start(self, tokens: Sequence[int], checkpoints: Checkpoints | None) -> StartPoint:
         """The longest usable prefix of `tokens` and where it is. The live context costs
         nothing to reuse, a checkpoint a copy of the whole state: one must save
-        `RESTORE_MIN_GAIN` more tokens than the live context to be chosen."""
+        `RESTORE_MIN_GAIN` more tokens than the live context to be chosen, and restoring it
+        must be expected to take less than prefilling those tokens (`RestoreChoice`). The
+        preview and the turn both ask here, so they say the same."""
         live_n = self.usable(tokens)
         cand = checkpoints.find(np.asarray(tokens, dtype=np.int32)) if checkpoints else None
-        if cand is not None and cand.n_tokens >= live_n + (RESTORE_MIN_GAIN if live_n else 1):
-            return StartPoint(cand.n_tokens, cand.source, cand)
-        return StartPoint(live_n, "live" if live_n else "none")
+        if (
+            checkpoints is None
+            or cand is None
+            or cand.n_tokens < live_n + (RESTORE_MIN_GAIN if live_n else 1)
+        ):
+            return StartPoint(live_n, "live" if live_n else "none")
+        choice = self._weigh(checkpoints, cand, cand.n_tokens - live_n)
+        if choice.decision == "restore":
+            return StartPoint(cand.n_tokens, cand.source, cand, choice)
+        return StartPoint(live_n, "live" if live_n else "none", None, choice)
+
+    def _weigh(self, checkpoints: Checkpoints, cand: Candidate, saved_tokens: int) -> RestoreChoice:
+        restore_s = checkpoints.restore_estimate_s(cand)
+        rate = self.prefill_tok_s()
+        prefill_s = saved_tokens / rate if rate else None
+        decision = "prefill" if prefill_s is not None and prefill_s < restore_s else "restore"
+        return RestoreChoice(decision, restore_s, prefill_s)
 
     # -- changing -----------------------------------------------------------------------------
 
@@ -293,6 +334,7 @@ class LiveSequence:
         start = StartPoint(0, "none")
         for _attempt in range(MAX_RESTORE_ATTEMPTS):
             start = self.best_start(tokens, checkpoints)
+            self.last_choice = start.choice
             if start.candidate is None or checkpoints is None:
                 break
             seconds = self.restore(checkpoints, start.candidate, tokens)

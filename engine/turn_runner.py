@@ -12,6 +12,12 @@ reply and drop the generation prompt's `<think>`): where every continuation stil
 it. The end of the prompt minus one is then saved as well only when it is more than
 `RESTORE_MIN_GAIN` tokens further; otherwise a regenerate restores the earlier state and
 prefills those few tokens in the same batch a cold run does.
+
+The thinking budget (`ReasoningBudget`, docs/thinking.md): once the reply has spent its budget
+of tokens inside the reasoning block, the turn writes the budget message and the template's
+closing into the reply itself, each token shown and then decoded as if sampled, and samples the
+answer after them. Speculation drafts no further than that token, and a verify batch that went
+past it is cut back to it as at an end of generation (`SpecStepper.settle`).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from .llama.context import DecodeError
 from .llama.model import LlamaModel
 from .llama.sampling import Sampler
 from .prompt.rendered import PromptRenderer, RenderedPrompt
-from .prompt.thinking import ReasoningSplitter, ThinkingSupport
+from .prompt.thinking import ReasoningBudget, ReasoningSplitter, ThinkingSupport
 from .reply import Reply
 from .speculation.stepper import SpecCounters, SpecStepper
 from .turn_stats import CheckpointStats, LlamaTimings, SavedCheckpoint, SpeculationStats, TurnStats
@@ -74,6 +80,7 @@ class TurnPlan:
     ignore_eos: bool
     thinking: ThinkingSupport = field(default_factory=ThinkingSupport)  # reasoning markers
     opens_in_reasoning: bool = False  # the generation prompt ends inside a reasoning block
+    budget: ReasoningBudget = field(default_factory=ReasoningBudget)  # thinking budget (0: none)
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     spec_exactness: str = ""  # "bit-identical" or "batch rounding: why" (Engine, at load)
 
@@ -205,6 +212,10 @@ class _Turn:
         self.close_s = 0.0
         self.t_sampled: float | None = None  # the first token sampled (an end of generation too)
         self.spec = SpecCounters()
+        self.thought = 0  # tokens inside the reasoning block: what the thinking budget counts
+        self.budget_hit = False  # the budget closed the reasoning (`_close_reasoning`)
+        self._cut_due = False  # the budget is spent at the token `_emit` stopped at
+        self._tail = ""  # the end of the reply's text (the closing skips newlines it has)
 
     def _warnings(self) -> Iterator[EngineEvent]:
         if self.ck is not None:
@@ -291,9 +302,15 @@ class _Turn:
                     if stop >= 0:
                         if stepper is not None:
                             stepper.settle(stop)  # the context ends just before the stopping token
-                        break
+                        if not self._cut_due:
+                            break
+                        self._cut_due = False  # the budget: the rest of a verify batch is dropped
+                        batch = yield from self._close_reasoning(batch[stop], utf8, stepper, sampler)
+                        if not batch:
+                            break
+                        continue
                     if stepper is not None:
-                        batch = stepper.step(batch[-1], plan.sampling.max_tokens - self.reply.n_tokens)
+                        batch = stepper.step(batch[-1], self._room())
                     else:
                         live.append(batch[-1])
                         batch = [live.sample(sampler)]
@@ -316,7 +333,12 @@ class _Turn:
             if model.is_eog(token) and not plan.ignore_eos:
                 return i
             raw = model.token_bytes(token)
-            part = self.split.feed(utf8.feed(raw), control="" if raw else model.token_text(token))
+            inside = self.split.in_reasoning
+            text = utf8.feed(raw)
+            part = self.split.feed(text, control="" if raw else model.token_text(token))
+            if inside:
+                self.thought += 1
+            self._tail = (self._tail + text)[-16:]
             yield self.reply.add(TokenDelta(part.answer, token, now, part.reasoning, part.in_reasoning))
             if plan.cancel.is_set():
                 self.finish = "cancelled"
@@ -324,10 +346,60 @@ class _Turn:
                 self.finish = "context"
             elif self.reply.n_tokens == plan.sampling.max_tokens:
                 self.finish = "length"
+            elif self._budget_left() == 0:
+                self._cut_due = True
             else:
                 continue
             return i
         return -1
+
+    # -- the thinking budget ----------------------------------------------------------------------
+
+    def _budget_left(self) -> int | None:
+        """Reasoning tokens the budget still allows (None: no limit now: no budget, already
+        cut, or not inside the reasoning)."""
+        budget = self.plan.budget.tokens
+        if budget <= 0 or self.budget_hit or not self.split.in_reasoning:
+            return None
+        return max(budget - self.thought, 0)
+
+    def _room(self) -> int:
+        """Most tokens a speculative step may return: the length limit's, and no draft past
+        the budget's end, so a verify batch seldom has to be cut back there."""
+        room = self.plan.sampling.max_tokens - self.reply.n_tokens
+        left = self._budget_left()
+        return room if left is None else max(min(room, left), 1)
+
+    def _closing_tokens(self) -> list[int]:
+        """The budget message (message text: plain tokens) and the template's closing
+        (scaffolding: its marker may be a control token), as `ReasoningBudget` says."""
+        model = self.parts.model
+        message, closing = self.plan.budget.written_after(self._tail)
+        plain = model.prompt_tokenizer.plain(message) if message else []
+        return [*plain, *model.tokenize(closing, add_special=False, parse_special=True)]
+
+    def _decode_chosen(self, token: int, stepper: SpecStepper | None) -> None:
+        """Decode a token of the reply as a plain one-token step (nothing drafted after it)."""
+        if stepper is not None:
+            stepper.force(token)
+        else:
+            self.parts.live.append(token)
+
+    def _close_reasoning(
+        self, pending: int, utf8: Utf8Stream, stepper: SpecStepper | None, sampler: Sampler
+    ) -> Generator[EngineEvent, None, list[int]]:
+        """The budget is spent at `pending` (shown, not yet decoded; anything sampled after it
+        was dropped): decode it, then write the budget message and the closing into the reply
+        as if sampled (each shown, then decoded), and sample what follows them. Returns that
+        token, or [] when the reply stopped inside the closing (a limit, a cancel)."""
+        self.budget_hit = True
+        for token in self._closing_tokens():
+            self._decode_chosen(pending, stepper)
+            if (yield from self._emit([token], utf8, None)) >= 0:
+                return []
+            pending = token
+        self._decode_chosen(pending, stepper)
+        return [self.parts.live.sample(sampler)]
 
     def close(self) -> Iterator[EngineEvent]:
         """The follow-up boundary, and a checkpoint there: where the next turn starts."""
@@ -363,10 +435,13 @@ class _Turn:
             finish_reason=self.finish,
             source=self.source,
             reasoning_tokens=self.split.reasoning_tokens,
+            reasoning_budget_hit=self.budget_hit,
             first_answer_s=(reply.t_first_answer - plan.t_start)
             if reply.t_first_answer is not None
             else None,
-            checkpoint=CheckpointStats(self.restore_s, tuple(self.saved), self.close_s),
+            checkpoint=CheckpointStats.of(
+                self.restore_s, tuple(self.saved), self.close_s, self.parts.live.last_choice
+            ),
             speculation=SpeculationStats(
                 drafted=spec.drafted,
                 accepted=spec.accepted,

@@ -23,13 +23,41 @@ class CheckpointStats:
     restore_s: float = 0.0  # restoring the state the turn started from
     saved: tuple[SavedCheckpoint, ...] = ()  # in the order saved
     close_s: float = 0.0  # bringing the context to the follow-up boundary after the reply
+    # a usable checkpoint restored or its tokens prefilled, by expected cost (docs/checkpoints.md):
+    # "restore", "prefill", or "" when no checkpoint was weighed; the two estimates in seconds
+    decision: str = ""
+    restore_est_s: float | None = None
+    prefill_est_s: float | None = None
+
+    @classmethod
+    def of(
+        cls, restore_s: float, saved: tuple[SavedCheckpoint, ...], close_s: float, choice: Any
+    ) -> CheckpointStats:
+        """The stats with the live sequence's `RestoreChoice` (None: no checkpoint was weighed)."""
+        if choice is None:
+            return cls(restore_s, saved, close_s)
+        return cls(restore_s, saved, close_s, choice.decision, choice.restore_est_s, choice.prefill_est_s)
 
     def to_json(self) -> dict[str, Any]:
+        """`decision` and its estimates are there only when a checkpoint was weighed."""
         return {
             "restore_s": round(self.restore_s, 4),
             "saved": [{"tokens": s.tokens, "bytes": s.bytes} for s in self.saved],
             "close_s": round(self.close_s, 4),
+            **(
+                {
+                    "decision": self.decision,
+                    "restore_est_s": _round_or_none(self.restore_est_s),
+                    "prefill_est_s": _round_or_none(self.prefill_est_s),
+                }
+                if self.decision
+                else {}
+            ),
         }
+
+
+def _round_or_none(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 @dataclass(frozen=True)
@@ -140,6 +168,7 @@ class TurnStats:
     source: str = "none"
     reasoning_tokens: int = 0  # of decode_tokens, those of the reasoning (markers included)
     first_answer_s: float | None = None  # from the start of the turn to the first answer text
+    reasoning_budget_hit: bool = False  # the thinking budget closed the reasoning (docs/thinking.md)
     backend: str = "local"  # "local" (this process) or "remote" (an OpenAI-compatible server)
     checkpoint: CheckpointStats | None = None
     speculation: SpeculationStats | None = None
@@ -158,7 +187,8 @@ class TurnStats:
 
     def to_json(self) -> dict[str, Any]:
         """The keys are the same for every backend; those of a part the turn lacks are null
-        (a remote turn: the llama.cpp timings and speculation)."""
+        (a remote turn: the llama.cpp timings and speculation). `reasoning_budget_hit` is
+        there only when the thinking budget cut the reasoning, so rows stay as they were."""
         llama = self.llama
         return {
             "ttft_s": round(self.ttft_s, 4),
@@ -182,6 +212,7 @@ class TurnStats:
             "decode_threads": round(llama.decode_threads, 2) if llama else None,
             "speculation": self.speculation.to_json(self.decode_tokens) if self.speculation else None,
             **({"server": self.server.to_json()} if self.server else {}),
+            **({"reasoning_budget_hit": True} if self.reasoning_budget_hit else {}),  # only when it cut
         }
 
     @classmethod
@@ -221,6 +252,7 @@ def _stats_from_json(d: Mapping[str, Any]) -> TurnStats:
         source=str(ck.get("source") or "none"),
         reasoning_tokens=int(d.get("reasoning_tokens") or 0),
         first_answer_s=None if first_answer is None else float(first_answer),
+        reasoning_budget_hit=bool(d.get("reasoning_budget_hit") or False),
         backend=backend,
         checkpoint=_checkpoint_from_json(ck) if local and ("saved" in ck or "restore_s" in ck) else None,
         speculation=_speculation_from_json(d["speculation"])
@@ -233,7 +265,15 @@ def _stats_from_json(d: Mapping[str, Any]) -> TurnStats:
 
 def _checkpoint_from_json(ck: Mapping[str, Any]) -> CheckpointStats:
     saved = tuple(SavedCheckpoint(int(s["tokens"]), int(s["bytes"])) for s in ck.get("saved") or ())
-    return CheckpointStats(float(ck.get("restore_s") or 0.0), saved, float(ck.get("close_s") or 0.0))
+    restore_est, prefill_est = ck.get("restore_est_s"), ck.get("prefill_est_s")
+    return CheckpointStats(
+        float(ck.get("restore_s") or 0.0),
+        saved,
+        float(ck.get("close_s") or 0.0),
+        decision=str(ck.get("decision") or ""),
+        restore_est_s=None if restore_est is None else float(restore_est),
+        prefill_est_s=None if prefill_est is None else float(prefill_est),
+    )
 
 
 def _speculation_from_json(s: Mapping[str, Any]) -> SpeculationStats:

@@ -1,6 +1,6 @@
 """Session exports (Markdown for people, JSON for re-import) and validation of imports.
 
-The JSON format is versioned (`{"format": "velo-chat.session", "version": 3, ...}`) so a later
+The JSON format is versioned (`{"format": "velo-chat.session", "version": 4, ...}`) so a later
 velo-chat can still read old files and an old one refuses new files clearly. Version history:
 
 - 1: the session and its messages; a reply's reasoning inline in its content (a leading `<think>`
@@ -9,8 +9,11 @@ velo-chat can still read old files and an old one refuses new files clearly. Ver
 - 3: each message's `attachments` (`[{"path", "sha256", "size", "content"}]`, empty when none),
   the session's `working_dir`, and the top-level `drafts` (messages queued but not sent:
   `[{"text", "attachments", "created_at"}]`), so an export loses nothing the user typed.
+- 4: each attachment's `pinned`, and the session's `continues` (it continues its parent after a
+  compaction) and `view_start` (the first message the model sees: docs/compaction.md).
 
-Versions 1 and 2 are still read (no attachments, drafts or working folder then). Database ids are
+Versions 1 to 3 are still read (no attachments, drafts or working folder before 3; nothing
+pinned, no continuation and the whole history in view before 4). Database ids are
 exported for reference only: an import always gets a new session id, so importing the same file
 twice gives two sessions, never a collision. Everything here is pure (no database access).
 """
@@ -31,10 +34,13 @@ from .models import ROLES, STATUSES, Attachment, Draft, Message, Session
 from .reasoning import split_inline
 
 FORMAT: Final = "velo-chat.session"
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 _PREFIX: Final = "invalid session file: "
 _SHA256_HEX: Final = re.compile(r"[0-9a-fA-F]{64}")
 _BACKTICKS: Final = re.compile(r"`+")
+VIEW_STARTS_HERE: Final = (
+    "*The model's view begins here: the messages above left its context when it was full.*"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,8 @@ class ImportedSession:
     messages: tuple[ImportedMessage, ...] = field(default=())
     working_dir: str | None = None
     drafts: tuple[ImportedDraft, ...] = field(default=())
+    continues: bool = False
+    view_start: int = 0
 
 
 def iso_utc(timestamp: float) -> str:
@@ -95,6 +103,8 @@ def export_json(
             "parent_session_id": session.parent_session_id,
             "forked_from_message_id": session.forked_from_message_id,
             "working_dir": session.working_dir,
+            "continues": session.continues,
+            "view_start": session.view_start,
         },
         "messages": [
             {
@@ -123,7 +133,7 @@ def export_json(
 
 
 def _attachment_json(a: Attachment) -> dict[str, Any]:
-    return {"path": a.path, "sha256": a.sha256, "size": a.size, "content": a.content}
+    return {"path": a.path, "sha256": a.sha256, "size": a.size, "content": a.content, "pinned": a.pinned}
 
 
 def export_markdown(session: Session, messages: Sequence[Message], drafts: Sequence[Draft] = ()) -> str:
@@ -141,13 +151,16 @@ def export_markdown(session: Session, messages: Sequence[Message], drafts: Seque
     if session.model_fingerprint:
         lines.append(f"- Model: `{session.model_fingerprint}`")
     if session.parent_session_id:
-        lines.append(f"- Forked from: `{session.parent_session_id}`")
+        relation = "Continues" if session.continues else "Forked from"
+        lines.append(f"- {relation}: `{session.parent_session_id}`")
     if session.working_dir:
         lines.append(f"- Working folder: {_code_span(session.working_dir)}")
     lines.append("")
     if session.system_prompt:
         lines += ["## System prompt", "", session.system_prompt, ""]
     for message in messages:
+        if session.view_start and message.position == session.view_start:
+            lines += ["---", "", VIEW_STARTS_HERE, ""]
         lines += [f"## {message.role.capitalize()}", ""]
         if message.reasoning:  # collapsed, as in the transcript
             lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "", "</details>", ""]
@@ -169,7 +182,8 @@ def _attachments_markdown(attachments: Sequence[Attachment]) -> list[str]:
     lines: list[str] = []
     for a in attachments:
         fence = "`" * max(3, _longest_backticks(a.content) + 1)
-        lines += ["", f"📎 {_code_span(a.path)} ({a.size} bytes)", "", fence, a.content, fence]
+        pin = ", pinned" if a.pinned else ""
+        lines += ["", f"📎 {_code_span(a.path)} ({a.size} bytes{pin})", "", fence, a.content, fence]
     return lines
 
 
@@ -220,7 +234,11 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
     drafts: tuple[ImportedDraft, ...] = ()
     if version >= 3:
         working_dir = _get(raw, "working_dir", str, "session", optional=True)
-        drafts = _drafts(doc.get("drafts"), created_at)
+        drafts = _drafts(doc.get("drafts"), created_at, version)
+    messages = tuple(_message(m, f"messages[{i}]", created_at, version) for i, m in enumerate(items))
+    continues, view_start = (
+        (_bool(raw, "continues", "session"), _view_start(raw, messages)) if version >= 4 else (False, 0)
+    )
     return ImportedSession(
         title=_get(raw, "title", str, "session", optional=True),
         created_at=created_at,
@@ -228,13 +246,35 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
         profile=profile,
         system_prompt=_get(raw, "system_prompt", str, "session", optional=True) or "",
         model_fingerprint=_get(raw, "model_fingerprint", str, "session", optional=True),
-        messages=tuple(_message(m, f"messages[{i}]", created_at, version) for i, m in enumerate(items)),
+        messages=messages,
         working_dir=working_dir if working_dir and working_dir.strip() else None,
         drafts=drafts,
+        continues=continues,
+        view_start=view_start,
     )
 
 
-def _drafts(items: object, default_time: float) -> tuple[ImportedDraft, ...]:
+def _bool(raw: Mapping[str, Any], key: str, where: str) -> bool:
+    value = raw.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidImport(_PREFIX + f"{where}.{key} must be true or false (got {value!r})")
+    return value
+
+
+def _view_start(raw: Mapping[str, Any], messages: Sequence[ImportedMessage]) -> int:
+    """The session's `view_start`: 0, or the index of one of its user messages (the import
+    numbers messages from 0 in file order, as the export wrote them)."""
+    value = _count(raw, "view_start", "session") or 0
+    if value and (value >= len(messages) or messages[value].role != "user"):
+        raise InvalidImport(
+            _PREFIX + f"session.view_start must be 0 or the index of a user message (got {value})"
+        )
+    return value
+
+
+def _drafts(items: object, default_time: float, version: int = FORMAT_VERSION) -> tuple[ImportedDraft, ...]:
     if items is None:
         return ()
     if not isinstance(items, list):
@@ -246,23 +286,23 @@ def _drafts(items: object, default_time: float) -> tuple[ImportedDraft, ...]:
         drafts.append(
             ImportedDraft(
                 text=_get(raw, "text", str, where),
-                attachments=_attachments(raw.get("attachments"), where),
+                attachments=_attachments(raw.get("attachments"), where, version),
                 created_at=_time(raw, "created_at", where, default_time),
             )
         )
     return tuple(drafts)
 
 
-def _attachments(items: object, where: str) -> tuple[Attachment, ...]:
+def _attachments(items: object, where: str, version: int) -> tuple[Attachment, ...]:
     """A message's or draft's attachments; each field checked as the store checks a caller's."""
     if items is None:
         return ()
     if not isinstance(items, list):
         raise InvalidImport(_PREFIX + f"{where}.attachments must be a list (got {_kind(items)})")
-    return tuple(_attachment(item, f"{where}.attachments[{i}]") for i, item in enumerate(items))
+    return tuple(_attachment(item, f"{where}.attachments[{i}]", version) for i, item in enumerate(items))
 
 
-def _attachment(item: object, where: str) -> Attachment:
+def _attachment(item: object, where: str, version: int) -> Attachment:
     raw = _mapping(item, where)
     path = _get(raw, "path", str, where)
     if not path.strip():
@@ -273,7 +313,10 @@ def _attachment(item: object, where: str) -> Attachment:
     size = _count(raw, "size", where)
     if size is None:
         raise InvalidImport(_PREFIX + f"{where}.size must be a non-negative integer (got null)")
-    return Attachment(path=path, sha256=sha256.lower(), size=size, content=_get(raw, "content", str, where))
+    pinned = _bool(raw, "pinned", where) if version >= 4 else False
+    return Attachment(
+        path=path, sha256=sha256.lower(), size=size, content=_get(raw, "content", str, where), pinned=pinned
+    )
 
 
 def _message(item: object, where: str, default_time: float, version: int) -> ImportedMessage:
@@ -298,7 +341,7 @@ def _message(item: object, where: str, default_time: float, version: int) -> Imp
     return ImportedMessage(
         role=role,
         content=content,
-        attachments=_attachments(raw.get("attachments"), where) if version >= 3 else (),
+        attachments=_attachments(raw.get("attachments"), where, version) if version >= 3 else (),
         reasoning=reasoning,
         status=status,
         prompt_tokens=_count(raw, "prompt_tokens", where),

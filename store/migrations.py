@@ -121,10 +121,22 @@ def _v3_attachments(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX drafts_session ON drafts(session_id)")
 
 
+def _v4_compaction(conn: sqlite3.Connection) -> None:
+    """What a full context leaves behind (docs/compaction.md): a session that continues its
+    parent after a compaction (`continues`: the sidebar labels it, its parent stays whole), the
+    first message the model still sees after the oldest turns left its view (`view_start`: the
+    messages before it stay stored and shown), and files the user pinned, which every
+    compaction and every dropped view carries on (`attachments.pinned`)."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN continues INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE sessions ADD COLUMN view_start INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE attachments ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (
     _v1_initial,
     _v2_reasoning,
     _v3_attachments,
+    _v4_compaction,
 )
 """Step i takes the database from version i to version i + 1."""
 

@@ -7,7 +7,8 @@ float Unix seconds (UTC) everywhere: they sort and compare as numbers, and the e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 Role = Literal["system", "user", "assistant"]
@@ -45,6 +46,13 @@ class Session:
     working_dir: str | None = None
     """The folder velo-chat was started in when the session was created: its attachments' relative
     paths are relative to it, so a resume elsewhere can still name the same files."""
+    continues: bool = False
+    """True for a continuation: the session `parent_session_id` was compacted into it (it opens
+    with a summary of the parent, which stays whole; docs/compaction.md)."""
+    view_start: int = 0
+    """The position of the first message the model sees (0: all of them). The oldest turns left
+    the model's view when the context was full (`when_full = "drop_oldest"`); the messages before
+    it stay stored and shown, marked as out of view. Always 0 or a user message's position."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,10 @@ class Attachment:
     """Bytes of the file as read."""
     content: str
     """The text as sent to the model (decoded)."""
+    pinned: bool = False
+    """The user pinned the file: it stays in the model's view when the context is full (a
+    compaction carries its latest version into the continuation, a dropped view into the first
+    message still in view). Last, so positional constructors of older code keep working."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,21 @@ class Message:
     attachments: tuple[Attachment, ...] = ()
     """Files sent with a user message, in the order they were attached; `content` holds only
     the typed text."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message to write into a new session as it is (`SessionStore.create_continuation`): a
+    summary, or a turn copied from the session it continues."""
+
+    role: Role
+    content: str
+    reasoning: str = ""
+    attachments: tuple[Attachment, ...] = ()
+    status: Status = "complete"
+    stats: Mapping[str, Any] = field(default_factory=dict)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

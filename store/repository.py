@@ -23,7 +23,9 @@ One writer per session: `with store.writer(session_id):` around a whole turn kee
 Attachments and drafts: a user message's files are rows of their own (`attachments`), written in
 the transaction of their message and read with it; messages typed while a reply streams are
 stored at once as drafts (`add_draft`), so quitting with a queue loses none of them. History is
-never rewritten: a revision of an earlier message is a fork (`fork_before`) plus a new turn.
+never rewritten: a revision of an earlier message is a fork (`fork_before`) plus a new turn, a
+compaction a continuation (`create_continuation`), and dropping the oldest turns from the
+model's view only moves `view_start` (docs/compaction.md).
 
 Privacy: the database and its -wal/-shm files are 0600 whatever the umask, and an older one left
 0644 is tightened when opened (`private_file.py`).
@@ -56,7 +58,17 @@ from .errors import (
     translate,
 )
 from .migrations import ensure_search_index, fts5_available, migrate, write_transaction
-from .models import ROLES, STATUSES, Attachment, Draft, Message, SearchHit, Session, make_title
+from .models import (
+    ROLES,
+    STATUSES,
+    Attachment,
+    Draft,
+    Message,
+    NewMessage,
+    SearchHit,
+    Session,
+    make_title,
+)
 from .private_file import private_database_file
 from .search import find
 
@@ -200,7 +212,7 @@ class SessionStore:
                 f"SELECT {rows.SESSION_COLUMNS} FROM sessions ORDER BY updated_at DESC, rowid DESC LIMIT ?",
                 (-1 if limit is None else limit,),
             ).fetchall()
-        return [Session(**dict(row)) for row in found]
+        return [rows.session_from_row(row) for row in found]
 
     def rename(self, session_id: str, title: str) -> Session:
         """Set the title (one line, whitespace collapsed). Does not change `updated_at`, so the
@@ -521,6 +533,8 @@ class SessionStore:
             parent_session_id=parent.id,
             forked_from_message_id=forked_from,
             working_dir=parent.working_dir,
+            # the fork shows the model what the session showed it (when that view is in the copy)
+            view_start=parent.view_start if parent.view_start < below else 0,
         )
         rows.insert_session(conn, child)
         conn.execute(
@@ -531,6 +545,98 @@ class SessionStore:
         )
         rows.copy_attachments(conn, session_id, child.id, below)
         return child
+
+    # -- compaction ---------------------------------------------------------------------------
+
+    def create_continuation(
+        self, parent_id: str, messages: Sequence[NewMessage], title: str | None = None
+    ) -> Session:
+        """A new session continuing `parent_id` after a compaction, holding `messages` (the
+        summary request and the summary, then the last turns copied), in one transaction: all
+        of it is written or none (`InvalidArgument` for a bad message, before anything is).
+
+        It takes the parent's profile, system prompt, model fingerprint and working folder, is
+        linked to it (`parent_session_id`, `continues`, `forked_from_message_id`: the parent's
+        last message) and is titled "<parent title> (continued)". The parent is not changed."""
+        checked = [self._check_new(m, f"messages[{i}]") for i, m in enumerate(messages)]
+        with self._transaction(write=True) as conn:
+            parent = rows.session(conn, parent_id)
+            last = conn.execute(
+                "SELECT id FROM messages WHERE session_id = ? ORDER BY position DESC LIMIT 1", (parent.id,)
+            ).fetchone()
+            if title is None:
+                base = parent.title or self._first_title(conn, parent.id)
+                title = f"{base} (continued)" if base else None
+            now = self._clock()
+            child = Session(
+                id=uuid.uuid4().hex,
+                title=rows.clean_title(title) if title is not None else None,
+                created_at=now,
+                updated_at=now,
+                profile=parent.profile,
+                system_prompt=parent.system_prompt,
+                model_fingerprint=parent.model_fingerprint,
+                parent_session_id=parent.id,
+                forked_from_message_id=last[0] if last else None,
+                working_dir=parent.working_dir,
+                continues=True,
+            )
+            rows.insert_session(conn, child)
+            for position, m in enumerate(checked):
+                message_id = rows.insert_message(
+                    conn, child.id, position, m.role, m.content, m.status, m.prompt_tokens,
+                    m.completion_tokens, rows.stats_json(m.stats), now, m.reasoning,
+                )  # fmt: skip
+                rows.insert_attachments(conn, message_id, m.attachments)
+            return child
+
+    @staticmethod
+    def _check_new(m: object, where: str) -> NewMessage:
+        """A `NewMessage` with every field checked as `add_message` checks its arguments."""
+        if not isinstance(m, NewMessage):
+            raise InvalidArgument(f"{where} must be a NewMessage (got {type(m).__name__})")
+        rows.check_choice(m.role, ROLES, f"{where}.role")
+        rows.check_choice(m.status, STATUSES, f"{where}.status")
+        rows.check_count(m.prompt_tokens, f"{where}.prompt_tokens")
+        rows.check_count(m.completion_tokens, f"{where}.completion_tokens")
+        rows.stats_json(m.stats)  # a mapping, or InvalidArgument
+        return NewMessage(
+            role=m.role,
+            content=rows.check_content(m.content, f"{where}.content"),
+            reasoning=rows.check_content(m.reasoning, f"{where}.reasoning"),
+            attachments=rows.check_attachments(m.attachments),
+            status=m.status,
+            stats=dict(m.stats),
+            prompt_tokens=m.prompt_tokens,
+            completion_tokens=m.completion_tokens,
+        )
+
+    @staticmethod
+    def _first_title(conn: sqlite3.Connection, session_id: str) -> str | None:
+        first_user = conn.execute(
+            "SELECT content FROM messages WHERE session_id = ? AND role = 'user' ORDER BY position LIMIT 1",
+            (session_id,),
+        ).fetchone()
+        return make_title(first_user[0]) if first_user else None
+
+    def set_view_start(self, session_id: str, position: int) -> Session:
+        """Make `position` the first message the model sees (drop_oldest, docs/compaction.md):
+        0, or the position of one of the session's user messages (else `InvalidArgument`). The
+        messages before it stay stored; `updated_at` does not change (nothing was said)."""
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise InvalidArgument(f"view_start must be a non-negative integer (got {position!r})")
+        with self._transaction(write=True) as conn:
+            rows.session(conn, session_id)
+            if position:
+                role = conn.execute(
+                    "SELECT role FROM messages WHERE session_id = ? AND position = ?", (session_id, position)
+                ).fetchone()
+                if role is None or role[0] != "user":
+                    raise InvalidArgument(
+                        f"view_start must be 0 or the position of a user message (got {position})"
+                    )
+            conn.execute("UPDATE sessions SET view_start = ? WHERE id = ?", (position, session_id))
+            return rows.session(conn, session_id)
 
     # -- drafts -----------------------------------------------------------------------------
 
@@ -586,7 +692,9 @@ class SessionStore:
 
     def import_json(self, data: Mapping[str, Any] | str | bytes) -> Session:
         """Import an `export_json` document (parsed or as text) as a new session with a new id,
-        with its attachments, working folder and drafts (version 3).
+        with its attachments, working folder and drafts (version 3), and where the model's view
+        begins and whether it continues another session (version 4; its parent is not linked:
+        the import stands alone).
         Raises `InvalidImport` naming the first bad field; nothing is written then."""
         doc = exchange.parse_import(data)
         title = doc.title
@@ -601,6 +709,8 @@ class SessionStore:
             system_prompt=doc.system_prompt,
             model_fingerprint=doc.model_fingerprint,
             working_dir=doc.working_dir,
+            continues=doc.continues,
+            view_start=doc.view_start,
         )
         with self._transaction(write=True) as conn:
             rows.insert_session(conn, session)

@@ -21,7 +21,7 @@ from .models import Attachment, Draft, Message, Session
 
 SESSION_COLUMNS = (
     "id, title, created_at, updated_at, profile, system_prompt, model_fingerprint, "
-    "parent_session_id, forked_from_message_id, working_dir"
+    "parent_session_id, forked_from_message_id, working_dir, continues, view_start"
 )
 MESSAGE_FIELDS = (
     "id", "session_id", "position", "role", "content", "status",
@@ -30,7 +30,7 @@ MESSAGE_FIELDS = (
 MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in MESSAGE_FIELDS)
 COPY_FIELDS = ", ".join(MESSAGE_FIELDS[3:])
 """The columns a fork copies as they are (all but id, session_id and position)."""
-ATTACHMENT_FIELDS: Final = ("path", "sha256", "size", "content")
+ATTACHMENT_FIELDS: Final = ("path", "sha256", "size", "content", "pinned")
 ATTACHMENT_COLUMNS: Final = ", ".join(f"a.{name}" for name in ATTACHMENT_FIELDS)
 DRAFT_COLUMNS: Final = "id, session_id, text, attachments, created_at"
 _SHA256_HEX: Final = re.compile(r"[0-9a-fA-F]{64}")
@@ -51,7 +51,14 @@ def session(conn: sqlite3.Connection, session_id: str) -> Session:
     row = conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = ?", (text(session_id),)).fetchone()
     if row is None:
         raise SessionNotFound(f"no session {session_id!r}")
-    return Session(**dict(row))
+    return session_from_row(row)
+
+
+def session_from_row(row: sqlite3.Row) -> Session:
+    """A `SESSION_COLUMNS` row as a `Session` (SQLite has no booleans: `continues` is 0 or 1)."""
+    fields = dict(row)
+    fields["continues"] = bool(fields["continues"])
+    return Session(**fields)
 
 
 def message(conn: sqlite3.Connection, message_id: int | None) -> Message:
@@ -106,10 +113,15 @@ def _group_attachments(found: Iterable[sqlite3.Row]) -> dict[int, tuple[Attachme
     """Rows ordered by (message_id, ordinal) -> each message's attachments in order."""
     grouped: dict[int, list[Attachment]] = {}
     for row in found:
-        grouped.setdefault(row["message_id"], []).append(
-            Attachment(*(row[name] for name in ATTACHMENT_FIELDS))
-        )
+        grouped.setdefault(row["message_id"], []).append(attachment_from(row))
     return {message_id: tuple(items) for message_id, items in grouped.items()}
+
+
+def attachment_from(item: Mapping[str, Any] | sqlite3.Row) -> Attachment:
+    """An attachment row (or a draft's JSON item) as an `Attachment`; an item written before
+    files could be pinned has no "pinned" and is not pinned."""
+    pinned = item["pinned"] if "pinned" in item.keys() else False
+    return Attachment(item["path"], item["sha256"], item["size"], item["content"], bool(pinned))
 
 
 def message_from_row(row: sqlite3.Row, attachments: tuple[Attachment, ...] = ()) -> Message:
@@ -120,18 +132,22 @@ def message_from_row(row: sqlite3.Row, attachments: tuple[Attachment, ...] = ())
 
 def insert_session(conn: sqlite3.Connection, s: Session) -> None:
     conn.execute(
-        f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO sessions ({SESSION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (s.id, s.title, s.created_at, s.updated_at, s.profile, s.system_prompt,
-         s.model_fingerprint, s.parent_session_id, s.forked_from_message_id, s.working_dir),
+         s.model_fingerprint, s.parent_session_id, s.forked_from_message_id, s.working_dir,
+         int(s.continues), s.view_start),
     )  # fmt: skip
 
 
 def insert_attachments(conn: sqlite3.Connection, message_id: int, attachments: Sequence[Attachment]) -> None:
     """Write a message's (already checked) attachments; `ordinal` is their order."""
     conn.executemany(
-        "INSERT INTO attachments (message_id, ordinal, path, sha256, size, content) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        [(message_id, i, a.path, a.sha256, a.size, a.content) for i, a in enumerate(attachments)],
+        "INSERT INTO attachments (message_id, ordinal, path, sha256, size, content, pinned) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (message_id, i, a.path, a.sha256, a.size, a.content, int(a.pinned))
+            for i, a in enumerate(attachments)
+        ],
     )
 
 
@@ -139,8 +155,8 @@ def copy_attachments(conn: sqlite3.Connection, source_id: str, target_id: str, b
     """Copy the attachments of `source_id`'s messages at positions < `below` to the messages at
     the same positions in `target_id` (a fork, whose copies keep their positions)."""
     conn.execute(
-        "INSERT INTO attachments (message_id, ordinal, path, sha256, size, content) "
-        "SELECT copy.id, a.ordinal, a.path, a.sha256, a.size, a.content FROM attachments a "
+        "INSERT INTO attachments (message_id, ordinal, path, sha256, size, content, pinned) "
+        "SELECT copy.id, a.ordinal, a.path, a.sha256, a.size, a.content, a.pinned FROM attachments a "
         "JOIN messages original ON original.id = a.message_id "
         "JOIN messages copy ON copy.session_id = ? AND copy.position = original.position "
         "WHERE original.session_id = ? AND original.position < ? ORDER BY a.message_id, a.ordinal",
@@ -189,11 +205,11 @@ def attachments_json(attachments: Sequence[Attachment]) -> str:
 
 
 def attachments_from_json(raw: str) -> tuple[Attachment, ...]:
-    return tuple(Attachment(*(item[name] for name in ATTACHMENT_FIELDS)) for item in json.loads(raw))
+    return tuple(attachment_from(item) for item in json.loads(raw))
 
 
 def attachment_dict(a: Attachment) -> dict[str, Any]:
-    return {"path": a.path, "sha256": a.sha256, "size": a.size, "content": a.content}
+    return {"path": a.path, "sha256": a.sha256, "size": a.size, "content": a.content, "pinned": a.pinned}
 
 
 def insert_message(
@@ -261,7 +277,9 @@ def check_attachment(a: object, where: str) -> Attachment:
     if not isinstance(a.size, int) or isinstance(a.size, bool) or a.size < 0:
         raise InvalidArgument(f"{where}.size must be a non-negative integer (got {a.size!r})")
     content = check_content(a.content, f"{where}.content")
-    return Attachment(path=path, sha256=a.sha256.lower(), size=a.size, content=content)
+    if not isinstance(a.pinned, bool):
+        raise InvalidArgument(f"{where}.pinned must be True or False (got {a.pinned!r})")
+    return Attachment(path=path, sha256=a.sha256.lower(), size=a.size, content=content, pinned=a.pinned)
 
 
 def check_choice(value: str, allowed: tuple[str, ...], name: str) -> str:

@@ -28,6 +28,21 @@ Q = [ChatMessage("user", "Name two colours of the rainbow.")]
 N = 16
 
 
+@pytest.fixture(autouse=True, params=["chunked", "single"])
+def fmt(request, monkeypatch) -> str:
+    """Every fault on both formats the disk tier writes: format 3 (chunks in packs, a table per
+    checkpoint) and format 2 (one file with the whole state). Child processes get it in argv."""
+    from velo_chat.engine.checkpoints import tiers
+
+    monkeypatch.setattr(tiers, "CHUNKED", request.param == "chunked")
+    return request.param
+
+
+def stored_bytes(root: Path) -> int:
+    """Bytes on disk under `root`: checkpoint files and chunk packs."""
+    return sum(f.stat().st_size for f in root.glob("*/*") if f.suffix in (cf.SUFFIX, cf.PACK_SUFFIX))
+
+
 def profile(path: Path, **checkpoints):
     return test_profile(path, checkpoints={"interval_tokens": 0, **checkpoints})
 
@@ -85,7 +100,7 @@ def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, 
             cf.read_header(f)
 
 
-def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path):
+def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path, fmt):
     """A follow-up to the seeded turn: the reply-boundary file covers more of it than the
     prefill-end file, so it is the one best candidate whatever order the files are listed in.
     Damaged, it is discarded and the prefill-end file (the next best) is restored."""
@@ -99,7 +114,8 @@ def test_one_bad_checkpoint_falls_back_to_the_next_best(smollm2_path, tmp_path):
     boundary.write_bytes(bytes(data))
     convo = Q + [ChatMessage("assistant", first.text), ChatMessage("user", "And one more?")]
     done, warnings = fresh_turn(smollm2_path, root, convo)
-    assert any("payload checksum mismatch" in w for w in warnings)
+    why = "chunk table" if fmt == "chunked" else "payload checksum mismatch"
+    assert any(why in w for w in warnings), warnings
     assert done.stats.source == "disk"
     assert done.stats.cached_tokens == n_prefill_end
 
@@ -153,15 +169,14 @@ def test_disk_budget_smaller_than_one_checkpoint(smollm2_path, tmp_path):
 def test_disk_budget_is_never_exceeded(smollm2_path, tmp_path):
     root = tmp_path / "ckpt"
     _, files = seed_checkpoints(smollm2_path, root)
-    one = max(f.stat().st_size for f in files)
+    one = stored_bytes(root) / 2  # two checkpoints (and their packs)
     budget_gib = 2.5 * one / 2**30  # room for two files, not three
     with Engine(profile(smollm2_path, disk_budget_gib=budget_gib), checkpoint_root=root) as engine:
         engine.load()
         for i in range(3):
             turn(engine, [ChatMessage("user", f"Count to {i + 3}.")])
             diagnostics(engine).flush_checkpoints()
-            total = sum(f.stat().st_size for f in root.glob(f"*/*{cf.SUFFIX}"))
-            assert total <= budget_gib * 2**30
+            assert stored_bytes(root) <= budget_gib * 2**30
 
 
 def test_read_only_checkpoint_dir(smollm2_path, tmp_path):
@@ -186,6 +201,8 @@ def test_read_only_checkpoint_dir(smollm2_path, tmp_path):
 FULL_DISK_CHILD = r"""
 import resource, signal, sys
 from pathlib import Path
+from velo_chat.engine.checkpoints import tiers
+tiers.CHUNKED = sys.argv[3] == "chunked"
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a full disk: writes fail with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 from velo_chat.engine.prompt.chat_template import ChatMessage
@@ -206,9 +223,9 @@ with Engine(p, checkpoint_root=Path(sys.argv[2])) as e:
 """
 
 
-def test_full_disk(smollm2_path, tmp_path):
+def test_full_disk(smollm2_path, tmp_path, fmt):
     proc = subprocess.run(
-        [sys.executable, "-c", FULL_DISK_CHILD, str(smollm2_path), str(tmp_path / "ckpt")],
+        [sys.executable, "-c", FULL_DISK_CHILD, str(smollm2_path), str(tmp_path / "ckpt"), fmt],
         capture_output=True,
         text=True,
         cwd=Path(__file__).parent.parent,
@@ -217,6 +234,7 @@ def test_full_disk(smollm2_path, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "WARNING could not save checkpoint" in proc.stdout
     assert not list((tmp_path / "ckpt").glob(f"*/*{cf.SUFFIX}"))
+    assert not list((tmp_path / "ckpt").glob(f"*/*{cf.PACK_SUFFIX}"))  # no pack without its table
 
 
 KILL_WRITER_CHILD = r"""
@@ -226,7 +244,7 @@ import numpy as np
 from velo_chat.engine.checkpoints import file_format as cf
 from velo_chat.engine.checkpoints.tiers import DiskTier
 cf.WRITE_CHUNK = 1 << 20
-tier = DiskTier(Path(sys.argv[1]), "f" * 64, {"k": 1}, 2**34, print)
+tier = DiskTier(Path(sys.argv[1]), "f" * 64, {"k": 1}, 2**34, print, chunked=sys.argv[2] == "chunked")
 def stuck_once_writing():  # the writer stops for good between two chunks of the payload
     if list(tier.dir.glob(".*.tmp")) and os.path.getsize(next(tier.dir.glob(".*.tmp"))) > 1 << 20:
         print("mid-write", flush=True)
@@ -240,14 +258,14 @@ threading.Event().wait()
 """
 
 
-def test_sigkill_while_writing_a_checkpoint(tmp_path):
+def test_sigkill_while_writing_a_checkpoint(tmp_path, fmt):
     """The child's writer is held between two chunks of a payload (no race with the kill):
     the next start removes the partial file and keeps the whole one."""
     from velo_chat.engine.checkpoints.tiers import DiskTier
 
     root = tmp_path / "ckpt"
     child = subprocess.Popen(
-        [sys.executable, "-c", KILL_WRITER_CHILD, str(root)],
+        [sys.executable, "-c", KILL_WRITER_CHILD, str(root), fmt],
         cwd=Path(__file__).parent.parent,
         stdout=subprocess.PIPE,
         text=True,
@@ -261,6 +279,8 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path):
     warnings: list[str] = []
     tier = DiskTier(root, "f" * 64, {"k": 1}, 2**34, warnings.append)
     assert not list(root.glob("*/.*.tmp"))  # the partial file is gone
+    if fmt == "chunked":  # one pack: the whole checkpoint's; the killed one's never got its name
+        assert len(list(root.glob(f"*/*{cf.PACK_SUFFIX}"))) == 1
     assert [e.path.stem for e in tier.entries.values()] == ["small"]  # the whole one is kept
     for entry in tier.entries.values():
         cf.read_header(entry.path)
@@ -363,7 +383,7 @@ def test_a_live_writers_temp_file_is_left_alone(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice is per thread on Linux only")
-def test_the_disk_writer_hashes_on_one_core_at_low_priority(tmp_path: Path, monkeypatch):
+def test_the_disk_writer_hashes_on_one_core_at_low_priority(tmp_path: Path, monkeypatch, fmt):
     """A disk write usually overlaps the next reply's decode: its hashing must not take every
     core from it (one hashing thread, the writer thread at nice 19), while the engine's own
     thread keeps its priority."""
@@ -379,6 +399,13 @@ def test_the_disk_writer_hashes_on_one_core_at_low_priority(tmp_path: Path, monk
         return real(data, threads)
 
     monkeypatch.setattr(cf, "payload_digest", spy)
+    real_split = checkpoint_tiers.ch.split
+
+    def split_spy(data, pool=None):  # format 3 hashes its chunks one by one, in this thread
+        seen.append((1, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return real_split(data, pool)
+
+    monkeypatch.setattr(checkpoint_tiers.ch, "split", split_spy)
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     tier = checkpoint_tiers.DiskTier(tmp_path, "f" * 64, {"k": 1}, 2**30, print)
     tier.save("one", np.arange(8, dtype=np.int32), np.zeros(1 << 20, dtype=np.uint8))

@@ -160,11 +160,19 @@ def test_ask_streams_from_a_real_server_and_records_the_backend(llama_server, is
     session = first["session_id"]
     follow = ask_json(name, "--session", session, "And another?")
     again = ask_json(name, "--session", session, "--regenerate")
-    assert follow["session_id"] == again["session_id"] == session
-    rows = stored(isolated_home)
-    assert [(r[0], r[2]) for r in rows] == [("user", "complete"), ("assistant", "complete")] * 2
-    assert rows[0][1] == "Name a colour." and rows[2][1] == "And another?"
-    assert rows[3][1] == again["text"]  # the regenerated reply replaced the follow-up's
+    assert follow["session_id"] == session and again["session_id"] != session  # a fork
+    with sqlite3.connect(locations.database_path()) as conn:
+
+        def rows_of(sid: str) -> list[tuple[str, str, str]]:
+            return conn.execute(
+                "SELECT role, content, status FROM messages WHERE session_id = ? ORDER BY position", (sid,)
+            ).fetchall()
+
+        original, fork = rows_of(session), rows_of(again["session_id"])
+    for rows in (original, fork):
+        assert [(r[0], r[2]) for r in rows] == [("user", "complete"), ("assistant", "complete")] * 2
+        assert rows[0][1] == "Name a colour." and rows[2][1] == "And another?"
+    assert original[3][1] == follow["text"] and fork[3][1] == again["text"]  # the session keeps its reply
 
 
 def test_bench_reports_the_same_sections_for_a_remote_server(llama_server):

@@ -302,14 +302,15 @@ def test_search_by_path_keeps_the_content_order(store: SessionStore) -> None:
 # -- export / import ----------------------------------------------------------------------------
 
 
-def test_export_version_3_round_trip(store: SessionStore) -> None:
+def test_export_round_trip_with_files(store: SessionStore) -> None:
     session_id, made = conversation(store)
     store.add_draft(session_id, "queued while it streamed", FILES[1:])
     doc = store.export_json(session_id)
-    assert (doc["format"], doc["version"]) == (FORMAT, FORMAT_VERSION) == (FORMAT, 3)
+    assert (doc["format"], doc["version"]) == (FORMAT, FORMAT_VERSION) == (FORMAT, 4)
     assert doc["session"]["working_dir"] == "/work/project"
     assert doc["messages"][0]["attachments"] == [
-        {"path": f.path, "sha256": f.sha256, "size": f.size, "content": f.content} for f in FILES[:2]
+        {"path": f.path, "sha256": f.sha256, "size": f.size, "content": f.content, "pinned": False}
+        for f in FILES[:2]
     ]
     assert doc["messages"][1]["attachments"] == []
     assert [d["text"] for d in doc["drafts"]] == ["queued while it streamed"]
@@ -361,7 +362,7 @@ def test_older_session_files_still_import(store: SessionStore, version: int) -> 
     messages = store.messages(session.id)
     assert [(m.content, m.attachments) for m in messages] == [("question", ()), ("answer", ())]
     assert store.drafts(session.id) == []
-    assert store.export_json(session.id)["version"] == 3
+    assert store.export_json(session.id)["version"] == 4
 
 
 BAD_V3: list[tuple[dict[str, Any], str]] = [
@@ -462,7 +463,7 @@ def test_a_version_2_database_is_upgraded_in_place(db_path: Path) -> None:
         assert store.add_draft("s2", "later").text == "later"
         assert store.fork_before("s2", 2).working_dir is None
     with closing(sqlite3.connect(db_path)) as raw:
-        assert schema_version(raw) == LATEST_VERSION == 3
+        assert schema_version(raw) == LATEST_VERSION == 4
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with SessionStore(db_path) as store:  # a second open changes nothing
         assert [m.attachments for m in store.messages("s2")][2] == FILES[:1]

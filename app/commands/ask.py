@@ -1,13 +1,17 @@
 """`velo-chat ask`: one turn in a stored session, streamed to stdout (or one JSON object).
 
 A thinking model's reasoning streams to stderr and its answer to stdout, so `ask ... > out.md`
-keeps only the answer; `--json` has both (`text` and `reasoning`). `--file` attaches files
-(app/attachments.py); `--edit N` / `--regenerate [N]` revise a stored session in a fork
-(app/conversation.py, `Revision`)."""
+keeps only the answer; `--json` has both (`text` and `reasoning`). `--thinking-budget N` caps
+the reasoning of this turn (`reasoning.budget_tokens`, docs/thinking.md). `--file` attaches files
+(app/attachments.py), `--pin` attaches them pinned; `--edit N` / `--regenerate [N]` revise a
+stored session in a fork (app/conversation.py, `Revision`). A turn into a full session compacts
+it, drops its oldest turns or is refused, as `context.when_full` says (docs/compaction.md), and
+says so in a line on stderr."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +31,14 @@ from velo_chat.store.input_text import clean_text, decode_text
 from ..attachments import AttachmentLimits, read_files
 from ..conversation import Revision, last_revision, record, revision_at, start_turn
 from ..errors import UserError
-from .common import load_engine, open_store, override_sampling, replaced_warning, resolve_profile
+from .common import (
+    load_engine,
+    open_store,
+    override_sampling,
+    override_thinking_budget,
+    replaced_warning,
+    resolve_profile,
+)
 
 
 def _read_prompt(raw: str | None) -> tuple[str, str | None]:
@@ -89,16 +100,27 @@ def _revision(args: argparse.Namespace, messages: Sequence[Message]) -> Revision
     return None
 
 
-def _attach(patterns: Sequence[str], profile: Profile) -> tuple[list[Attachment], list[str]]:
-    """The `--file` attachments (read before the model loads: a bad path costs no load), and a
-    warning line per file whose bytes were not all UTF-8."""
+def _attach(
+    patterns: Sequence[str], profile: Profile, *, pinned: bool = False
+) -> tuple[list[Attachment], list[str]]:
+    """The `--file` (or, `pinned`, `--pin`) attachments (read before the model loads: a bad path
+    costs no load), and a warning line per file whose bytes were not all UTF-8."""
     files = read_files(patterns, Path.cwd(), AttachmentLimits.from_settings(profile.attachments))
+    if pinned:
+        files = [
+            dataclasses.replace(f, attachment=dataclasses.replace(f.attachment, pinned=True)) for f in files
+        ]
     warnings = [
         f"velo-chat: warning: {f.attachment.path}: replaced {f.replaced} invalid UTF-8 bytes with U+FFFD"
         for f in files
         if f.replaced
     ]
     return [f.attachment for f in files], warnings
+
+
+def _say(line: str) -> None:
+    """What a full context makes the turn do first (compact, drop), before it runs."""
+    print(f"velo-chat: {line}", file=sys.stderr, flush=True)
 
 
 def _on_wait(session_id: str) -> Callable[[str], None]:
@@ -117,8 +139,10 @@ def run(args: argparse.Namespace) -> int:
     revising = args.regenerate is not None or args.edit is not None or args.edit_last
     if revising and not args.session:
         raise UserError("--regenerate, --edit and --edit-last need --session ID")
-    if args.regenerate is not None and (args.prompt is not None or args.files):
-        raise UserError("--regenerate takes no prompt and no --file (it asks the stored question again)")
+    if args.regenerate is not None and (args.prompt is not None or args.files or args.pins):
+        raise UserError(
+            "--regenerate takes no prompt, no --file and no --pin (it asks the stored question again)"
+        )
     prompt, warning = (None, None) if args.regenerate is not None else _read_prompt(args.prompt)
     with open_store() as store:
         session = store.get_session(store.resolve_id(args.session)) if args.session else None
@@ -129,10 +153,13 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             max_tokens=args.max_tokens,
         )
+        profile = override_thinking_budget(profile, args.thinking_budget)
         # Before the model loads: a revision of a message that is not there is refused at once,
         # and --regenerate asks the stored question again with its files.
         revision = _revision(args, store.messages(session.id)) if session and revising else None
         attachments, file_warnings = _attach(args.files, profile)
+        pinned, pin_warnings = _attach(args.pins, profile, pinned=True)
+        attachments, file_warnings = attachments + pinned, file_warnings + pin_warnings
         if revision is not None and args.regenerate is not None:
             prompt, attachments = revision.text, list(revision.attachments)
         if prompt is None:  # --regenerate always finds a stored question (revision above)
@@ -150,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
                 revise_at=revise_at,
                 working_dir=str(Path.cwd()),
                 on_wait=_on_wait(session.id) if session else None,
+                on_compact=_say,
             )
             session = started.session
             done, failed = _stream(record(started.events, started.recorded), args.json)
@@ -167,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
                     "reasoning": done.reasoning,
                     "session_id": session.id,
                     "stats": done.stats.to_json(),
+                    **({"compacted_from": started.compacted_from.id} if started.compacted_from else {}),
                 },
                 ensure_ascii=False,
             )
@@ -178,6 +207,12 @@ def run(args: argparse.Namespace) -> int:
     for line in [warning, *file_warnings]:
         if line:
             print(line, file=sys.stderr)
+    if started.compacted_from is not None:
+        print(
+            f"velo-chat: the reply is in session {session.id[:8]}, which continues "
+            f"{started.compacted_from.id[:8]} from a summary (that session stays whole)",
+            file=sys.stderr,
+        )
     if started.forked_from is not None:
         print(
             f"velo-chat: the revision is in session {session.id[:8]}, a fork of "

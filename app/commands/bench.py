@@ -115,6 +115,11 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.load_cgroup:
         _check_load_cgroup(args)
+    if args.compact and (args.spec or profile.backend.kind == "remote"):
+        raise UserError(
+            "--compact measures the in-process engine's reuse of the history by a summary turn: "
+            "not with --spec or a remote profile"
+        )
     if args.attach and (args.spec or profile.backend.kind == "remote"):
         raise UserError(
             "--attach measures the in-process engine's resume from disk in a fresh process: "
@@ -189,6 +194,7 @@ def _local(
             load_cgroup=args.load_cgroup,
             thread_counts=thread_counts,
             attach_lines=ATTACH_LINES if args.attach else 0,
+            compact=args.compact,
             **extra,
         )
     except CgroupError as exc:  # the busy processes could not join their cgroup

@@ -53,6 +53,14 @@ def override_sampling(
     return dataclasses.replace(profile, sampling=dataclasses.replace(profile.sampling, **changes))
 
 
+def override_thinking_budget(profile: Profile, budget_tokens: int | None) -> Profile:
+    """The profile with `reasoning.budget_tokens` set for one command (None: as it is)."""
+    if budget_tokens is None:
+        return profile
+    reasoning = dataclasses.replace(profile.reasoning, budget_tokens=budget_tokens)
+    return dataclasses.replace(profile, reasoning=reasoning)
+
+
 def load_engine(profile: Profile, model: str | None, *, quiet: bool) -> EngineAPI:
     """Load the profile's engine (local or remote), showing progress on stderr when it is a
     terminal. The caller closes it (`close()`)."""

@@ -1,4 +1,4 @@
-"""`velo-chat sessions list|show|export|import|fork|delete|rename|search`."""
+"""`velo-chat sessions list|show|export|import|fork|delete|rename|search|compact`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import datetime
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from velo_chat.engine.config import create_private
-from velo_chat.store import SessionStore
+from velo_chat.store import Session, SessionStore
 from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
-from .common import open_store, replaced_warning
+from .common import load_engine, open_store, replaced_warning, resolve_profile
 
 
 def _when(ts: float) -> str:
@@ -65,13 +66,58 @@ def _show(store: SessionStore, args: argparse.Namespace) -> None:
     session_id = store.resolve_id(args.id)
     s = store.get_session(session_id)
     print(f"# {s.title or '(untitled)'}  [{s.id}]  profile {s.profile}")
+    if s.continues and s.parent_session_id:
+        print(f"(continues session {s.parent_session_id[:8]} from a summary of it)")
     for m in store.messages(session_id):
+        if s.view_start and m.position == s.view_start:
+            print(
+                "\n-- the model's view begins here: the messages above left its context when it was full --"
+            )
         flag = "" if m.status == "complete" else f" ({m.status})"
         # the position is what `ask --edit N` / `--regenerate N` take; the id what `fork --at` takes
         print(f"\n## [{m.position}] {m.role} (message id {m.id}){flag}")
         for a in m.attachments:
-            print(f"📎 {a.path} ({a.size:,} bytes, sha256 {a.sha256[:12]})")
+            pin = ", pinned" if a.pinned else ""
+            print(f"📎 {a.path} ({a.size:,} bytes, sha256 {a.sha256[:12]}{pin})")
         print(m.content)
+
+
+def _compact(store: SessionStore, args: argparse.Namespace) -> None:
+    """`sessions compact ID [--focus TEXT]`: the continuation's id on stdout, the summary turn's
+    numbers in one line on stderr. Holds the session's writer lock while the summary runs, as a
+    turn does; Ctrl-C stops it with nothing stored."""
+    from ..compaction import compact  # the engine's turn machinery, only for this action
+
+    session = store.get_session(store.resolve_id(args.id))
+    profile = resolve_profile(args.profile or session.profile)
+    engine = load_engine(profile, None, quiet=False)
+    try:
+        with store.writer(session.id, on_wait=_waiting(session)):
+            done = compact(store, engine, session, profile, focus=args.focus)
+    finally:
+        engine.close()
+    stats = done.stats
+    turns = f"{done.kept_turns} turn" + ("" if done.kept_turns == 1 else "s")
+    print(done.session.id)
+    print(
+        f"velo-chat: session {done.session.id[:8]} continues {session.id[:8]}: a summary of "
+        f"{stats.decode_tokens:,} tokens, then {turns} kept word for word; the summary turn reused "
+        f"{stats.cached_tokens:,} of its {stats.prompt_tokens:,} prompt tokens and prefilled "
+        f"{stats.prefill_tokens:,}",
+        file=sys.stderr,
+    )
+
+
+def _waiting(session: Session) -> Callable[[str], None]:
+    def say(holder: str) -> None:
+        print(
+            f"velo-chat: session {session.id[:8]} is taking a turn in {holder}; waiting for it to end "
+            "(Ctrl-C gives up)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         elif action == "rename":
             s = store.rename(store.resolve_id(args.id), args.title)
             print(f"{s.id[:8]}  {s.title}")
+        elif action == "compact":
+            _compact(store, args)
         elif action == "search":
             for hit in store.search(args.query):
                 title = hit.session.title or "(untitled)"

@@ -7,8 +7,9 @@ handlers below turn those messages into widget calls. Its parts are objects it o
 with what they use: `TurnView` (`chat_turn.py`: the running turn in the transcript, the panel
 and the line under the composer), `Sessions` and `Copying` (`chat_sessions.py`: the active
 session, the session and copy actions), `ModelLoader` and `ThinkingChoice` (`chat_model.py`:
-loading the model, following its PLE table, the thinking key). Textual's handlers and actions
-stay on the screen and call them.
+loading the model, following its PLE table, the thinking key), `Compaction` (`chat_compact.py`:
+`/compact`, the fill warning, the continuation and the view marker). Textual's handlers and
+actions stay on the screen and call them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from ..errors import UserError
 from ..gc_hold import FullCollectionHold
 from ..generation import TurnRequest, run_apply, run_preview, run_turn, ui_shares_cores
 from ..messages import (
+    CompactionMade,
+    CompactionNotMade,
+    CompactionProgressed,
     EngineNotice,
     ModelLoadFailed,
     ModelLoadProgress,
@@ -47,6 +51,7 @@ from ..messages import (
     TurnAccepted,
     TurnBegan,
     TurnEnded,
+    TurnMakingRoom,
     TurnRejected,
     TurnWaiting,
 )
@@ -61,7 +66,8 @@ from ..widgets.transcript.message import CodeWidthChanged
 from ..widgets.transcript.panes import fit_side_panes, pane_keyed
 from .base import VeloScreen
 from .chat_model import ModelLoader, ThinkingChoice
-from .chat_files import AttachedFiles, read_command_paths
+from .chat_compact import Compaction, compact_focus
+from .chat_files import PIN_COMMAND, READ_COMMAND, AttachedFiles, read_command_paths
 from .chat_queue import Queue
 from .chat_sessions import Copying, Sessions, header_text
 from .chat_turn import TurnView, resume_line
@@ -110,6 +116,19 @@ class ChatScreen(VeloScreen):
             session_changed=self._update_header,
             request_preview=self.request_preview,
             opened=self._session_opened,
+        )
+        self.compaction = Compaction(
+            self.app,
+            post=self.post_message,
+            run_worker=self.run_worker,
+            sessions=self.sessions,
+            transcript=lambda: self.query_one(Transcript),
+            panel=lambda: self.query_one(LivePanel),
+            composer=lambda: self.query_one(Composer),
+            show_line=self._show_line,
+            notify=self.notify,
+            push_screen=self.app.push_screen,
+            session_changed=self._update_header,
         )
         self.files = AttachedFiles(
             chips=lambda: self.query_one(AttachmentChips),
@@ -165,6 +184,7 @@ class ChatScreen(VeloScreen):
         self.query_one("#sidebar").display = self.app.size.width >= NARROW
         self.query_one("#panel").display = self.app.profile.display.show_live_panel
         self.query_one(LivePanel).set_speculation(self.app.profile.speculation.enabled)
+        self.query_one(LivePanel).set_thinking_budget(self.app.profile.reasoning.budget_tokens)
         self.sessions.refresh()
         self._update_header()
         self._session_opened()
@@ -190,15 +210,23 @@ class ChatScreen(VeloScreen):
 
     @on(Composer.Submitted)
     async def _send(self, event: Composer.Submitted) -> None:
-        """Enter: `/read PATH...` attaches; during a reply the message is queued; else it is
-        sent, with the attached files, as a revision when one is being written."""
+        """Enter: `/read PATH...` attaches (`/pin PATH...` pinned), `/compact [focus]` compacts
+        the session; during a reply the message is queued; else it is sent, with the attached
+        files, as a revision when one is being written."""
+        focus = compact_focus(event.text)
+        if focus is not None:
+            self._compact(focus, event.text)
+            return
         try:
-            paths = read_command_paths(event.text)
-            if paths is not None:
-                if not paths:
-                    raise AttachmentRefused("/read needs a path (or several; globs such as src/*.py work)")
-                self._attach_files(paths, given_back=event.text)
-                return
+            for command, pinned in ((READ_COMMAND, False), (PIN_COMMAND, True)):
+                paths = read_command_paths(event.text, command)
+                if paths is not None:
+                    if not paths:
+                        raise AttachmentRefused(
+                            f"{command} needs a path (or several; globs such as src/*.py work)"
+                        )
+                    self._attach_files(paths, given_back=event.text, pinned=pinned)
+                    return
             clean = clean_text(event.text, "the message")
         except (BinaryInput, AttachmentRefused) as exc:
             event.composer.give_back(event.text)
@@ -358,10 +386,7 @@ class ChatScreen(VeloScreen):
         revise_at: int | None = None,
         regenerate: bool = False,
     ) -> None:
-        self.busy = True
-        self._sync_composer()
-        self._gc_hold.hold()
-        self._cancel = threading.Event()
+        self._begin_busy()
         if revise_at is not None:  # the fork's view: the messages before the revised one
             await self.query_one(Transcript).show_messages(
                 [m for m in self._history() if m.position < revise_at]
@@ -402,11 +427,53 @@ class ChatScreen(VeloScreen):
             lambda: worker.is_cancelled,
         )
 
+    def _begin_busy(self) -> None:
+        """A turn or a compaction starts: Enter queues, Esc stops it (`_cancel`)."""
+        self.busy = True
+        self._sync_composer()
+        self._gc_hold.hold()
+        self._cancel = threading.Event()
+
+    # -- compaction: `/compact`, a turn that made room first (chat_compact.py) ------------------
+
+    def _compact(self, focus: str, text: str) -> None:
+        """`/compact [focus]`: summarize the session into a continuation (the typed command goes
+        back when it cannot start, or when nothing is made)."""
+        session = self.session
+        if session is None or self.busy or not self.model_ready:
+            self.query_one(Composer).give_back(text)
+            self.notify(self.compaction.refusal(session, ready=self.model_ready), severity="warning")
+            return
+        self.revising = None  # "/compact" took the revision's place in the composer
+        self._begin_busy()
+        reasoning = self.thinking.reasoning()
+        self.compaction.start(session, focus, text=text, cancel=self._cancel, reasoning=reasoning)
+
+    def on_compaction_progressed(self, msg: CompactionProgressed) -> None:
+        self.compaction.progress(msg)
+
+    async def on_compaction_made(self, msg: CompactionMade) -> None:
+        self._end_busy()
+        await self.compaction.made(msg)
+        if not self._send_next_queued():
+            self.request_preview()
+
+    def on_compaction_not_made(self, msg: CompactionNotMade) -> None:
+        self._end_busy()
+        self.compaction.not_made(msg)
+        if len(self.queue):
+            self.queue.pause()
+        self.request_preview()
+
+    def on_turn_making_room(self, msg: TurnMakingRoom) -> None:
+        self.compaction.making_room(msg.line)
+
     async def on_turn_rejected(self, msg: TurnRejected) -> None:
         await self.turn_view.remove()
         self._end_busy()
         if self.session is not None:  # a rejected revision showed the fork's view: the session's
             await self.query_one(Transcript).show_messages(self._history())
+            await self.compaction.show_view_start(self.session)
         if msg.give_back:  # a regenerate's question is still stored: nothing to give back
             self.query_one(Composer).give_back(msg.text)
             self.files.restore(msg.attachments)
@@ -425,6 +492,7 @@ class ChatScreen(VeloScreen):
             await self._show_messages_added_elsewhere(msg)
         self.sessions.active = msg.session
         self.turn_view.accepted(msg)
+        await self.compaction.accepted(msg, self.turn_view.user)
         self.queue.session_ready(msg.session)
         self.sessions.refresh()
         self._update_header()
@@ -464,6 +532,7 @@ class ChatScreen(VeloScreen):
         await self.turn_view.ended(msg)
         self._end_busy()
         self.turn_view.tell(msg)
+        self.compaction.turn_ended(msg.stats, self.session)
         self.sessions.refresh()
         stopped = msg.stats is not None and msg.stats.finish_reason in ("cancelled", "interrupted")
         if len(self.queue) and (msg.failed or stopped or not msg.saved):
@@ -522,6 +591,7 @@ class ChatScreen(VeloScreen):
         """A session was opened (or the new one): its folder for `@`, its queued messages."""
         self.revising = None
         self.query_one(Composer).set_file_root(self.working_dir())
+        self.call_later(self.compaction.show_view_start, self.session)
         waiting = self.queue.load(self.session)
         if waiting:
             self.app.push_screen(
@@ -542,10 +612,10 @@ class ChatScreen(VeloScreen):
 
     # -- attaching files -----------------------------------------------------------------------
 
-    def _attach_files(self, paths: list[str], *, given_back: str = "") -> None:
+    def _attach_files(self, paths: list[str], *, given_back: str = "", pinned: bool = False) -> None:
         """Attach files (a dialog when refused, and the text that asked is given back)."""
         try:
-            warnings = self.files.attach(paths)
+            warnings = self.files.attach(paths, pinned=pinned)
         except AttachmentRefused as exc:
             if given_back:
                 self.query_one(Composer).give_back(given_back)
@@ -589,7 +659,8 @@ class ChatScreen(VeloScreen):
                     timeout=5,
                 )
             else:
-                self.notify("Stopping the reply…", timeout=2)
+                what = "compaction" if self.compaction.running else "reply"
+                self.notify(f"Stopping the {what}…", timeout=2)
         elif self.revising is not None:
             self.revising = None
             self._show_line("")
@@ -680,6 +751,9 @@ class ChatScreen(VeloScreen):
             line = resume_line(
                 msg.preview, self.thinking.thinks(), self.files.tokens(), len(self.files.files)
             )
+            if msg.preview is not None and self.model.info is not None and not self.revising:
+                full = self.compaction.preview_warning(msg.preview, self.model.info.n_ctx, self.session)
+                line = f"{full} · {line}" if full else line
             self._show_line(f"{self._revise_line()} · {line}" if self.revising else line)
 
     # -- thinking -----------------------------------------------------------------------------
@@ -700,6 +774,7 @@ class ChatScreen(VeloScreen):
         engine's per-turn and checkpoint settings in the engine (`run_apply`)."""
         self.query_one("#panel").display = profile.display.show_live_panel
         self.query_one(LivePanel).set_speculation(profile.speculation.enabled)
+        self.query_one(LivePanel).set_thinking_budget(profile.reasoning.budget_tokens)
         self.query_one(Transcript).set_show_thinking(profile.reasoning.show_thinking)
         self._apply(profile)
         self._update_header()

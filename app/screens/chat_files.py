@@ -1,17 +1,20 @@
 """The files attached to the message being written: the chips above the composer.
 
 `AttachedFiles` is owned by the chat screen. Files come in from the composer's `@` completion
-(`Composer.FilesChosen`), from `/read PATH...` typed as a message, from a revised message (its
-files come back with its text) and from a queued message taken back for editing. Each is read
-at once (`app/attachments.py`), so a refusal (a missing path, a binary file, a glob matching too
-many files) is a dialog while the user is still writing, and the file sent is the file as it was
-when attached. Re-attaching a path replaces the pending copy; a path the session already holds in
-an earlier turn says so on its chip (unchanged, or changed since), and is sent again as a new
-version: history is never rewritten.
+(`Composer.FilesChosen`), from `/read PATH...` typed as a message (`/pin PATH...` attaches them
+pinned: a compaction carries pinned files into the continuation, and dropping old turns keeps
+them in view; docs/compaction.md), from a revised message (its files come back with its text)
+and from a queued message taken back for editing. Each is read at once (`app/attachments.py`),
+so a refusal (a missing path, a binary file, a glob matching too many files) is a dialog while
+the user is still writing, and the file sent is the file as it was when attached. Re-attaching a
+path replaces the pending copy; a path the session already holds in an earlier turn says so on
+its chip (unchanged, or changed since), and is sent again as a new version: history is never
+rewritten.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,18 +25,21 @@ from ..attachments import AttachmentLimits, AttachmentRefused, earlier_version, 
 from ..widgets.composer.chips import AttachmentChips, ChipInfo
 
 READ_COMMAND = "/read"
+PIN_COMMAND = "/pin"
+PIN_NOTE = "📌 pinned"
 
 
-def read_command_paths(text: str) -> list[str] | None:
-    """The paths of a `/read PATH...` message (shell-style quoting), or None when `text` is
-    not that command. An empty list: the command with no path."""
+def read_command_paths(text: str, command: str = READ_COMMAND) -> list[str] | None:
+    """The paths of a `/read PATH...` message (or of `command`, e.g. `/pin`; shell-style
+    quoting), or None when `text` is not that command. An empty list: the command with no
+    path."""
     stripped = text.strip()
-    if stripped != READ_COMMAND and not stripped.startswith(READ_COMMAND + " "):
+    if stripped != command and not stripped.startswith(command + " "):
         return None
     try:
-        return shlex.split(stripped[len(READ_COMMAND) :])
+        return shlex.split(stripped[len(command) :])
     except ValueError as exc:
-        raise AttachmentRefused(f"/read: {exc}") from None
+        raise AttachmentRefused(f"{command}: {exc}") from None
 
 
 class AttachedFiles:
@@ -60,9 +66,10 @@ class AttachedFiles:
         self.warnings: list[str] = []  # files whose bytes were not all UTF-8 (said once)
         self._tokens: dict[str, int | None] = {}  # sha256 -> tokens, once a preview counted them
 
-    def attach(self, patterns: Sequence[str]) -> list[str]:
-        """Read and attach the files `patterns` name (all, or none: `AttachmentRefused`).
-        Returns a warning line per file whose bytes were not all UTF-8."""
+    def attach(self, patterns: Sequence[str], *, pinned: bool = False) -> list[str]:
+        """Read and attach the files `patterns` name (all, or none: `AttachmentRefused`),
+        `pinned` ones marked so (`Attachment.pinned`). Returns a warning line per file whose
+        bytes were not all UTF-8."""
         read = read_files(patterns, self._base(), self._limits())
         if len(self.files) + len(read) > self._limits().max_files:
             raise AttachmentRefused(
@@ -70,7 +77,7 @@ class AttachedFiles:
                 f"{self._limits().max_files:,} at once (attachments.max_files in the profile)"
             )
         for item in read:
-            self._put(item.attachment)
+            self._put(dataclasses.replace(item.attachment, pinned=True) if pinned else item.attachment)
         self._sync()
         return [
             f"{r.attachment.path}: {r.replaced} bytes were not UTF-8 and became \ufffd"
@@ -126,8 +133,15 @@ class AttachedFiles:
                     a.path,
                     line_count(a.content),
                     self._tokens.get(a.sha256 + a.path),
-                    earlier_version(a.path, a.sha256, history),
+                    _chip_note(a, history),
                 )
                 for a in self.files
             ]
         )
+
+
+def _chip_note(attachment: Attachment, history: Sequence[Message]) -> str:
+    """What a chip says beside its counts: pinned (📌), and an earlier version in the session."""
+    notes = [PIN_NOTE] if attachment.pinned else []
+    earlier = earlier_version(attachment.path, attachment.sha256, history)
+    return " · ".join(notes + ([earlier] if earlier else []))

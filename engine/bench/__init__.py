@@ -1,10 +1,12 @@
-"""Measuring: `velo-chat bench` and its sections (threads, load, resume, sessions, attach).
+"""Measuring: `velo-chat bench` and its sections (threads, load, resume, sessions, attach,
+compaction).
 
 Nothing here is needed to chat; it drives the engine through its public surface and its
 measurement hooks (`velo_chat.engine.diagnostics`) and reports.
 """
 
 from .attach import ATTACH_LINES, AttachedFile
+from .compact import run_compact_bench
 from .load import busy_processes, check_load_cgroup
 from .remote import run_remote_bench
 from .result import BenchResult
@@ -22,6 +24,7 @@ __all__ = [
     "check_load_cgroup",
     "copy_edit_source",
     "format_table",
+    "run_compact_bench",
     "run_bench",
     "run_remote_bench",
     "with_speculation",

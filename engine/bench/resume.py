@@ -49,9 +49,12 @@ def run_resume_bench(engine: EngineAPI, *, tokens: int, reply_tokens: int = 32) 
         diag.reset()
         with diag.checkpoints_at(None):
             cold = diag.complete(follow, max_tokens=1).stats
-        largest = max(probe_root.glob(f"*/*{CHECKPOINT_SUFFIX}"), key=lambda p: p.stat().st_size)
-        header, _, _ = read_checkpoint_header(largest)
-        file_bytes = largest.stat().st_size
+        # Chunked checkpoints keep a small table per checkpoint and the chunks in packs shared
+        # between saves: what the first turn's saves hold on disk is every file of the store,
+        # set against the largest state among them.
+        headers = [read_checkpoint_header(p)[0] for p in probe_root.glob(f"*/*{CHECKPOINT_SUFFIX}")]
+        header = max(headers, key=lambda h: h.payload_bytes)
+        file_bytes = sum(p.stat().st_size for p in probe_root.rglob("*") if p.is_file())
         profile = dataclasses.replace(
             engine.profile, checkpoints=dataclasses.replace(engine.profile.checkpoints, enabled=True)
         )

@@ -24,6 +24,7 @@ from .remote import format_remote_lines
 from .result import BenchResult, conversation_of
 from .load import busy_processes, format_load_lines, load_section, measure_load, threads_section
 from . import attach as bench_attach
+from . import compact as bench_compact
 from . import session as bench_session
 from .resume import run_resume_bench
 from .spec import format_spec_lines, spec_section
@@ -97,6 +98,7 @@ def run_bench(
     spec_source: CopyEditSource | None = None,
     spec_copy_tokens: int | None = None,
     attach_lines: int = 0,
+    compact: bool = False,
 ) -> BenchResult:
     """Run every section on an in-process engine (`NoDiagnostics` for another).
     `thread_counts`: decode again with each fixed count (the threads section); `load`: decode
@@ -106,7 +108,9 @@ def run_bench(
     last and closes the engine (its fresh-process probe must not share the machine with a second
     copy). `spec_copy_tokens`: the `--spec` copy-edit reply's length (None: the whole file,
     `spec.copy_edit_budget`). `attach_lines`: run the attach section (`attach.py`) with a file
-    of that many lines (0: not at all); it closes the engine too, for the same reason."""
+    of that many lines (0: not at all); it closes the engine too, for the same reason.
+    `compact`: run the compaction section (`compact.py`: a conversation filled to `compact_at`,
+    its summary turn warm against cold, the continuation's first follow-up)."""
     note = on_progress or (lambda _s: None)
     diag = diagnostics(engine)
     result = _result_of(engine, diag, profile_name)
@@ -151,6 +155,9 @@ def run_bench(
                     cgroup=load_cgroup,
                 )
     diag.reset()
+    if compact:
+        note("compact: a conversation filled to compact_at, its summary turn warm and cold")
+        result.sections["compaction"] = bench_compact.run_compact_bench(engine)
     if resume_tokens > 0 or attach_lines > 0:
         result.sections.update(_fresh_process_sections(engine, resume_tokens, attach_lines, note))
     return result
@@ -284,7 +291,7 @@ def format_table(result: BenchResult) -> str:
             f"disk, fresh process {r['disk_ttft_s']:.3f} s (restore {r['disk_restore_s']:.3f} s,"
             f" source {r['disk_source']})",
             f"          disk/warm {r['disk_over_warm']:.2f}x   cold/disk {r['cold_over_disk']:.1f}x"
-            f"   checkpoint file/state {r['file_over_state']:.4f}",
+            f"   checkpoint files on disk/largest state {r['file_over_state']:.4f}",
         ]
     s = result.sections.get("resume_session")
     if s:
@@ -292,6 +299,9 @@ def format_table(result: BenchResult) -> str:
     a = result.sections.get("attach")
     if a:
         lines += bench_attach.format_lines(a)
+    c = result.sections.get("compaction")
+    if c:
+        lines += bench_compact.format_lines(c)
     sp = result.sections.get("speculation")
     if sp:
         lines += format_spec_lines(sp)

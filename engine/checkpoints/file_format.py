@@ -11,8 +11,18 @@ Layout (little-endian):
     4*n bytes the token prefix (int32), so longest-prefix lookup needs no model work
     payload   llama_state_seq_get_data_ext(ctx, ..., seq 0, flags 0): attention KV + recurrent
 
+Format 3 (chunked, `CHUNKED_VERSION`, what the disk tier writes) keeps the same magic, header
+and token prefix, but instead of the payload a table of its chunks (`chunks.py`), one
+`TABLE_ENTRY` each: SHA-256 of the chunk, the pack file that holds it and where. A pack
+(`<id>-<pid>.vpack`) is the chunks a save added, concatenated; a later save of the same
+conversation writes only the chunks no pack of its directory holds yet. The header adds
+`n_chunks`; its `payload_sha256` is SHA-256 over the chunk digests in order
+(`chunks.whole_digest`), and every chunk is checked against its own digest when it is read.
+Files of format 2 are still read and restored.
+
 Files are written to a temp file in the same directory, fsynced, then renamed: a reader sees a
-whole checkpoint or none. JSON, not pickle: loading a file can never run code.
+whole checkpoint or none (a manifest is renamed into place only after its pack is durable).
+JSON, not pickle: loading a file can never run code.
 """
 
 from __future__ import annotations
@@ -34,7 +44,12 @@ from ..atomic_file import atomic_write
 
 MAGIC = b"VELOCKPT"
 FORMAT_VERSION = 2
+CHUNKED_VERSION = 3
+READABLE_VERSIONS = (FORMAT_VERSION, CHUNKED_VERSION)
 SUFFIX = ".vckpt"
+PACK_SUFFIX = ".vpack"
+TABLE_ENTRY = np.dtype([("digest", "S32"), ("pack", "S16"), ("offset", "<u8"), ("length", "<u4")])
+"""One chunk of a format-3 checkpoint: its SHA-256, the pack's id, offset and length there."""
 _FIXED = struct.Struct("<8sII")
 MAX_HEADER = 1 << 20
 
@@ -86,6 +101,7 @@ class CheckpointHeader:
     tokens_sha256: str
     payload_bytes: int
     payload_sha256: str
+    n_chunks: int = 0  # format 3: entries of the chunk table (0: format 2, the payload inline)
 
     def to_json(self) -> bytes:
         return json.dumps(
@@ -96,6 +112,7 @@ class CheckpointHeader:
                 "tokens_sha256": self.tokens_sha256,
                 "payload_bytes": self.payload_bytes,
                 "payload_sha256": self.payload_sha256,
+                **({"n_chunks": self.n_chunks} if self.n_chunks else {}),
             },
             sort_keys=True,
         ).encode()
@@ -111,6 +128,7 @@ class CheckpointHeader:
                 str(d["tokens_sha256"]),
                 int(d["payload_bytes"]),
                 str(d["payload_sha256"]),
+                int(d.get("n_chunks") or 0),
             )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise CheckpointInvalid(f"unreadable header ({exc})") from None
@@ -119,6 +137,24 @@ class CheckpointHeader:
 def file_size_for(n_tokens: int, payload_bytes: int, header_len: int = 512) -> int:
     """An upper estimate of the file size (for the budget check before writing)."""
     return _FIXED.size + header_len + 4 * n_tokens + payload_bytes
+
+
+@dataclass(frozen=True)
+class ChunkedWrite:
+    """The payload of a format-3 write: the chunks no pack holds yet (`pieces`, written to
+    `pack` first) and the table of every chunk of the state."""
+
+    pack: Path | None
+    pieces: list[np.ndarray]
+    table: np.ndarray
+    payload_bytes: int
+
+    def __len__(self) -> int:
+        return self.payload_bytes
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(len(p) for p in self.pieces)
 
 
 def write_checkpoint(
@@ -133,7 +169,16 @@ def write_checkpoint(
 
     The payload goes out in `WRITE_CHUNK` pieces, asking `should_stop()` before each: if it
     says so, the temp file is removed and `WriteAbandoned` raised (a state is gigabytes; closing
-    the engine must not wait for all of it)."""
+    the engine must not wait for all of it). A `ChunkedWrite` writes its pack, then the
+    format-3 file that lists its chunks."""
+    if isinstance(payload, ChunkedWrite):
+        if len(tokens) != header.n_tokens or len(payload) != header.payload_bytes:
+            raise ValueError("checkpoint header does not describe its tokens and payload")
+        if payload.pack is not None and payload.pieces:
+            write_pack(payload.pack, payload.pieces, should_stop)
+        elif should_stop is not None and should_stop():
+            raise WriteAbandoned
+        return write_manifest(directory, name, header, tokens, payload.table)
     if len(tokens) != header.n_tokens or len(payload) != header.payload_bytes:
         raise ValueError("checkpoint header does not describe its tokens and payload")
     raw = header.to_json()
@@ -160,8 +205,8 @@ def read_header(path: Path) -> tuple[CheckpointHeader, np.ndarray, int]:
         magic, version, header_len = _FIXED.unpack(fixed)
         if magic != MAGIC:
             raise CheckpointInvalid("not a velo-chat checkpoint (bad magic)")
-        if version != FORMAT_VERSION:
-            raise CheckpointInvalid(f"format version {version}, expected {FORMAT_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise CheckpointInvalid(f"format version {version}, expected one of {READABLE_VERSIONS}")
         if header_len > MAX_HEADER:
             raise CheckpointInvalid("corrupt header length")
         raw = fh.read(header_len)
@@ -175,7 +220,15 @@ def read_header(path: Path) -> tuple[CheckpointHeader, np.ndarray, int]:
             raise CheckpointInvalid(
                 f"the header's token count ({header.n_tokens:,}) does not fit in the file"
             )
-        if header.payload_bytes != rest - 4 * header.n_tokens:
+        if (version == CHUNKED_VERSION) != (header.n_chunks > 0):
+            raise CheckpointInvalid(f"a format {version} header with {header.n_chunks} chunks")
+        table_bytes = TABLE_ENTRY.itemsize * header.n_chunks
+        if version == CHUNKED_VERSION and table_bytes != rest - 4 * header.n_tokens:
+            raise CheckpointInvalid(
+                f"chunk table is {rest - 4 * header.n_tokens:,} bytes, "
+                f"header says {table_bytes:,} (truncated?)"
+            )
+        if version == FORMAT_VERSION and header.payload_bytes != rest - 4 * header.n_tokens:
             raise CheckpointInvalid(
                 f"payload is {rest - 4 * header.n_tokens:,} bytes, header says "
                 f"{header.payload_bytes:,} (truncated?)"
@@ -209,6 +262,172 @@ class MappedPayload:
         self._map.close()
 
     def __enter__(self) -> MappedPayload:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def digests_of(table: np.ndarray) -> list[bytes]:
+    """The chunk digests of a table, whole (numpy drops the trailing NUL bytes of an `S` field)."""
+    return [d.ljust(32, b"\0") for d in table["digest"].tolist()]
+
+
+def packs_of(table: np.ndarray) -> list[bytes]:
+    """The pack ids of a table's chunks, whole."""
+    return [p.ljust(16, b"\0") for p in table["pack"].tolist()]
+
+
+def read_chunk_table(path: Path, header: CheckpointHeader, offset: int) -> np.ndarray:
+    """The chunk table of a format-3 file whose header `read_header` checked; its digests must
+    add up to the header's `payload_sha256` and its lengths to `payload_bytes`."""
+    with path.open("rb") as fh:
+        fh.seek(offset)
+        raw = fh.read(TABLE_ENTRY.itemsize * header.n_chunks)
+    if len(raw) != TABLE_ENTRY.itemsize * header.n_chunks:
+        raise CheckpointInvalid("truncated chunk table")
+    table = np.frombuffer(raw, dtype=TABLE_ENTRY)
+    if int(table["length"].sum(dtype=np.uint64)) != header.payload_bytes:
+        raise CheckpointInvalid("payload checksum mismatch (the chunk table does not add up to its size)")
+    if table_digest(table) != header.payload_sha256:
+        raise CheckpointInvalid("payload checksum mismatch (the chunk table does not match it)")
+    return table
+
+
+def table_digest(table: np.ndarray) -> str:
+    """What a format-3 header's `payload_sha256` says: SHA-256 over the chunk digests in order."""
+    return "sha256-chunks:" + hashlib.sha256(b"".join(digests_of(table))).hexdigest()
+
+
+def write_manifest(
+    directory: Path, name: str, header: CheckpointHeader, tokens: np.ndarray, table: np.ndarray
+) -> Path:
+    """Write a format-3 file (atomically, directory fsynced); its packs must be durable first."""
+    if len(tokens) != header.n_tokens or len(table) != header.n_chunks or not header.n_chunks:
+        raise ValueError("checkpoint header does not describe its tokens and chunk table")
+    raw = header.to_json()
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(_FIXED.pack(MAGIC, CHUNKED_VERSION, len(raw)))
+        fh.write(raw)
+        fh.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+        fh.write(np.ascontiguousarray(table, dtype=TABLE_ENTRY).tobytes())
+
+    return atomic_write(directory / f"{name}{SUFFIX}", write, sync_dir=True)
+
+
+def write_pack(path: Path, pieces: list[np.ndarray], should_stop: Callable[[], bool] | None = None) -> Path:
+    """Write the new chunks of a save as one file (atomically, fsynced), asking `should_stop()`
+    about every `WRITE_CHUNK` bytes; `WriteAbandoned` leaves no file behind."""
+
+    def write(fh: BinaryIO) -> None:
+        done_since_check = WRITE_CHUNK
+        for piece in pieces:
+            if done_since_check >= WRITE_CHUNK:
+                if should_stop is not None and should_stop():
+                    raise WriteAbandoned
+                done_since_check = 0
+            fh.write(piece.tobytes() if not piece.flags.c_contiguous else piece.data)
+            done_since_check += len(piece)
+
+    return atomic_write(path, write, sync_dir=True)
+
+
+class ChunkDamaged(CheckpointInvalid):
+    """A chunk of a format-3 checkpoint is missing or does not match its digest: every
+    checkpoint that lists it is unusable."""
+
+    def __init__(self, message: str, digest: bytes) -> None:
+        super().__init__(message)
+        self.digest = digest
+
+
+def pack_path(directory: Path, pack: bytes) -> Path:
+    """The file of pack `pack` (its 16-byte id) in a tier's directory."""
+    matches = sorted(directory.glob(f"{pack.hex()}-*{PACK_SUFFIX}"))
+    return matches[0] if matches else directory / f"{pack.hex()}-0{PACK_SUFFIX}"
+
+
+def _runs(table: np.ndarray) -> list[tuple[bytes, int, int, int]]:
+    """(pack, pack offset, payload offset, length) of the table's contiguous runs: consecutive
+    chunks that follow each other in one pack are read with one call."""
+    starts = np.concatenate(([0], np.cumsum(table["length"], dtype=np.int64)[:-1]))
+    runs: list[tuple[bytes, int, int, int]] = []
+    for pack, offset, length, start in zip(
+        packs_of(table),
+        table["offset"].tolist(),
+        table["length"].tolist(),
+        starts.tolist(),
+        strict=True,
+    ):
+        if runs and runs[-1][0] == pack and runs[-1][1] + runs[-1][3] == offset:
+            p, o, s, n = runs[-1]
+            runs[-1] = (p, o, s, n + length)
+        else:
+            runs.append((pack, offset, start, length))
+    return runs
+
+
+class ChunkedPayload:
+    """The payload of a format-3 checkpoint, read from its packs into one array and verified
+    chunk by chunk (on every core: this is on the way to a reply's first token)."""
+
+    def __init__(
+        self, directory: Path, table: np.ndarray, payload_bytes: int, threads: int | None = None
+    ) -> None:
+        buf = np.empty(payload_bytes, dtype=np.uint8)
+        files: dict[bytes, Any] = {}
+        try:
+            for pack, offset, start, length in _runs(table):
+                fh = files.get(pack)
+                if fh is None:
+                    try:
+                        fh = files[pack] = pack_path(directory, pack).open("rb")
+                    except FileNotFoundError:
+                        raise ChunkDamaged(
+                            f"chunk pack {pack.hex()} is missing", self._first(table, pack)
+                        ) from None
+                fh.seek(offset)
+                if fh.readinto(buf.data[start : start + length]) != length:
+                    raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", self._first(table, pack))
+        finally:
+            for fh in files.values():
+                fh.close()
+        self._verify(buf, table, threads)
+        self.view = buf.data
+
+    @staticmethod
+    def _first(table: np.ndarray, pack: bytes) -> bytes:
+        return next(d for d, p in zip(digests_of(table), packs_of(table), strict=True) if p == pack)
+
+    @staticmethod
+    def _verify(buf: np.ndarray, table: np.ndarray, threads: int | None) -> None:
+        ends = np.cumsum(table["length"], dtype=np.int64).tolist()
+        digests = digests_of(table)
+        bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+        workers = threads or max(1, min(len(bounds), len(os.sched_getaffinity(0))))
+        groups = [range(i, len(bounds), workers) for i in range(workers)]
+
+        def bad_in(group: range) -> bytes | None:
+            for i in group:
+                s, e = bounds[i]
+                if hashlib.sha256(buf.data[s:e]).digest() != digests[i]:
+                    return bytes(digests[i])
+            return None
+
+        if workers == 1:
+            found = [bad_in(groups[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                found = list(pool.map(bad_in, groups))
+        bad = next((d for d in found if d is not None), None)
+        if bad is not None:
+            raise ChunkDamaged(f"payload checksum mismatch (chunk {bad.hex()[:12]})", bad)
+
+    def close(self) -> None:
+        self.view.release()
+
+    def __enter__(self) -> ChunkedPayload:
         return self
 
     def __exit__(self, *exc: object) -> None:

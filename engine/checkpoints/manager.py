@@ -44,6 +44,17 @@ class Restored:
     seconds: float
 
 
+DEFAULT_READ_BYTES_S = {"ram": 4 << 30, "disk": 500 << 20}
+"""What a restore is assumed to read per second until one from that tier is timed: low for a
+disk, so that an unmeasured restore is not preferred to a prefill it would lose to."""
+
+
+def state_bytes(cand: Candidate) -> int:
+    """Bytes a restore of `cand` copies into the context."""
+    entry = cand.entry
+    return len(entry.state) if isinstance(entry, RamEntry) else entry.header.payload_bytes
+
+
 def _rank(
     n_usable: int, state_bytes: int, tier: int, tokens: np.ndarray, name: str
 ) -> tuple[int, int, int, int, str]:
@@ -77,6 +88,7 @@ class Checkpoints:
         self._warnings: list[str] = []
         self._wlock = threading.Lock()
         self.ram = RamTier(settings.ram_budget_mib * 2**20)
+        self.read_bytes_s: dict[str, float] = {}  # measured restore rate per tier (the last one)
         self.disk = (
             DiskTier(root, fingerprint, state_layout(ctx), int(settings.disk_budget_gib * 2**30), self._warn)
             if settings.disk_budget_gib > 0
@@ -141,12 +153,21 @@ class Checkpoints:
             if not ok:
                 self.disk.discard(cand.entry.path, "llama.cpp rejected its state")
                 return None
+        seconds = time.perf_counter() - t0
+        if seconds > 0:
+            self.read_bytes_s[cand.source] = state_bytes(cand) / seconds
         n_saved = len(cand.entry.tokens)
         if cand.n_tokens < n_saved and not ctx.truncate(cand.n_tokens):
             ctx.clear()
             self._warn("could not truncate a restored checkpoint; falling back to cold")
             return None
         return Restored(cand.n_tokens, cand.source, time.perf_counter() - t0)
+
+    def restore_estimate_s(self, cand: Candidate) -> float:
+        """What restoring `cand` should take: its bytes at the rate its tier last restored at
+        (`DEFAULT_READ_BYTES_S` until one was timed)."""
+        rate = self.read_bytes_s.get(cand.source) or DEFAULT_READ_BYTES_S[cand.source]
+        return state_bytes(cand) / rate
 
     # -- saving ---------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from . import chunks as ch
 from . import file_format as cf
 from ..config import locations
 
@@ -145,13 +146,19 @@ class DiskEntry:
     header: cf.CheckpointHeader
     payload_offset: int
     size: int
+    table: np.ndarray | None = None  # format 3: its chunks (`cf.TABLE_ENTRY`); None: format 2
+
+
+CHUNKED = True
+"""Whether the disk tier writes format 3 (chunks shared between saves) or format 2 (one file
+with the whole state); both are always read."""
 
 
 @dataclass
 class _Job:
     name: str
     tokens: np.ndarray
-    payload: np.ndarray
+    payload: np.ndarray | ch.ChunkedState
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,16 @@ class PendingWrite:
     n_tokens: int
     nbytes: int
     started: bool
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    """What the last write put on disk: the state's size and the bytes written for it (a
+    format-3 save writes only the chunks no pack held yet, plus its small table)."""
+
+    name: str
+    state_bytes: int
+    written_bytes: int
 
 
 def layout_key(layout: dict[str, Any]) -> str:
@@ -181,6 +198,27 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _pack_id(path: Path) -> bytes:
+    """The id a pack's name gives (b"" for a name that is not a pack's)."""
+    try:
+        return bytes.fromhex(path.stem.partition("-")[0])
+    except ValueError:
+        return b""
+
+
+def _packs_listed_in(directory: Path) -> set[bytes]:
+    """The packs the readable format-3 checkpoints of another model's directory list."""
+    packs: set[bytes] = set()
+    for path in directory.glob(f"*{cf.SUFFIX}"):
+        try:
+            header, _, offset = cf.read_header(path)
+            if header.n_chunks:
+                packs.update(cf.packs_of(cf.read_chunk_table(path, header, offset)))
+        except (cf.CheckpointInvalid, OSError):
+            continue
+    return packs
+
+
 class DiskTier:
     """Checkpoint files under `root/<fingerprint>-<layout>/`; `root`'s total size is the
     budget (shared by every model)."""
@@ -192,8 +230,13 @@ class DiskTier:
         layout: dict[str, Any],
         budget_bytes: int,
         warn: Callable[[str], None],
+        *,
+        chunked: bool | None = None,
     ) -> None:
         self.root = root
+        self.chunked = CHUNKED if chunked is None else chunked
+        self._chunks: dict[bytes, tuple[bytes, int, int]] = {}  # digest -> (pack, offset, length)
+        self.last_write: WriteReport | None = None
         self.fingerprint = fingerprint
         self.layout = layout
         self.budget = budget_bytes
@@ -212,6 +255,7 @@ class DiskTier:
             locations.private_dir(self.dir)  # 0700 whatever the umask, like every folder of ours
             self._clean_temp_files()
             self._scan()
+            self._collect_packs(self.dir, self._referenced_packs())
         except OSError as exc:
             self.available = False
             warn(f"checkpoint disk tier disabled: cannot use {self.dir} ({exc.strerror})")
@@ -232,13 +276,61 @@ class DiskTier:
             try:
                 header, tokens, offset = cf.read_header(path)
                 self._check_identity(header)
+                table = cf.read_chunk_table(path, header, offset) if header.n_chunks else None
             except cf.CheckpointInvalid as exc:
                 self.discard(path, str(exc))
                 continue
             except OSError as exc:
                 log.warning("cannot read checkpoint %s: %s", path, exc)
                 continue
-            self.entries[path.stem] = DiskEntry(path, tokens, header, offset, path.stat().st_size)
+            self.entries[path.stem] = DiskEntry(path, tokens, header, offset, path.stat().st_size, table)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """Rebuild the digest -> location index of the chunks the kept checkpoints list (what
+        a new save may share instead of writing)."""
+        index: dict[bytes, tuple[bytes, int, int]] = {}
+        for entry in self.entries.values():
+            if entry.table is not None:
+                for d, pack, off, n in zip(
+                    cf.digests_of(entry.table),
+                    cf.packs_of(entry.table),
+                    entry.table["offset"].tolist(),
+                    entry.table["length"].tolist(),
+                    strict=True,
+                ):
+                    index.setdefault(d, (pack, off, n))
+        self._chunks = index
+
+    def _referenced_packs(self, extra: set[bytes] = frozenset()) -> set[bytes]:  # type: ignore[assignment]
+        packs = set(extra)
+        for entry in list(self.entries.values()):
+            if entry.table is not None:
+                packs.update(cf.packs_of(entry.table))
+        return packs
+
+    def _collect_packs(self, directory: Path, referenced: set[bytes]) -> int:
+        """Delete the packs of `directory` no kept checkpoint lists (orphans of a killed or
+        abandoned write, or of evicted checkpoints); bytes freed. A pack a live process other
+        than this one wrote is left alone: its checkpoint may be on its way."""
+        freed = 0
+        for path in directory.glob(f"*{cf.PACK_SUFFIX}"):
+            pack_id, _, pid = path.stem.partition("-")
+            try:
+                pack = bytes.fromhex(pack_id)
+                writer = int(pid)
+            except ValueError:
+                pack, writer = b"", 0
+            if pack in referenced or (writer != os.getpid() and writer > 0 and _pid_alive(writer)):
+                continue
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            freed += size
+            log.info("removed chunk pack %s (no checkpoint needs it)", path.name)
+        return freed
 
     def _check_identity(self, header: cf.CheckpointHeader) -> None:
         if header.model_fingerprint != self.fingerprint:
@@ -250,7 +342,16 @@ class DiskTier:
         """Delete a checkpoint that failed a check, with a warning."""
         self.warn(f"discarded checkpoint {path.name}: {why}")
         path.unlink(missing_ok=True)
-        self.entries.pop(path.stem, None)
+        if self.entries.pop(path.stem, None) is not None:
+            self._reindex()
+
+    def _discard_damaged(self, entry: DiskEntry, exc: cf.ChunkDamaged) -> None:
+        """A chunk is damaged or gone: every checkpoint that lists it is unusable, and no new
+        save may share it (the next save writes it again)."""
+        for other in list(self.entries.values()):
+            if other is not entry and other.table is not None and exc.digest in cf.digests_of(other.table):
+                self.discard(other.path, f"it shares a damaged chunk ({exc})")
+        self.discard(entry.path, str(exc))
 
     def best(self, tokens: np.ndarray, *, exact: bool) -> tuple[int, DiskEntry | None]:
         """The file covering the longest usable prefix of `tokens`, ties by `preference`."""
@@ -266,14 +367,24 @@ class DiskTier:
                 best_key, best = key, entry
         return (-best_key[0], best) if best_key is not None else (0, None)
 
-    def open_payload(self, entry: DiskEntry) -> cf.MappedPayload | None:
-        """Re-check the file and map its verified payload; None (after a warning) if invalid."""
+    def open_payload(self, entry: DiskEntry) -> cf.MappedPayload | cf.ChunkedPayload | None:
+        """Re-check the file and map (format 2) or read (format 3) its verified payload; None
+        (after a warning) if invalid."""
         try:
             header, tokens, offset = cf.read_header(entry.path)
             self._check_identity(header)
             if not np.array_equal(tokens, entry.tokens):
                 raise cf.CheckpointInvalid("its tokens changed on disk")
-            payload = cf.MappedPayload(entry.path, offset, header.payload_bytes, header.payload_sha256)
+            payload: cf.MappedPayload | cf.ChunkedPayload
+            if header.n_chunks:
+                table = cf.read_chunk_table(entry.path, header, offset)
+                payload = cf.ChunkedPayload(self.dir, table, header.payload_bytes)
+            else:
+                payload = cf.MappedPayload(entry.path, offset, header.payload_bytes, header.payload_sha256)
+        except cf.ChunkDamaged as exc:
+            with self._lock:
+                self._discard_damaged(entry, exc)
+            return None
         except cf.CheckpointInvalid as exc:
             with self._lock:
                 self.discard(entry.path, str(exc))
@@ -337,7 +448,15 @@ class DiskTier:
                     self._changed.wait()
                 if not self._waiting or self._abandon.is_set():
                     return
-                _, job = self._waiting.popitem(last=False)
+                job = next(iter(self._waiting.values()))
+            # Chunked while it still waits (the lock is not held: a save can queue, or drop
+            # it, meanwhile): the writer then starts on a job that has all it needs.
+            prepared = self._prepare(job)
+            with self._lock:
+                if self._waiting.get(job.name) is not job:
+                    continue  # dropped while it was chunked
+                del self._waiting[job.name]
+                job = prepared
                 self._current = job
             try:
                 self._write(job)
@@ -354,6 +473,12 @@ class DiskTier:
                     self._changed.notify_all()
             del job  # release the state now, not when the next job arrives
 
+    def _prepare(self, job: _Job) -> _Job:
+        """The job with its state cut into chunks (format 3), views of its own array."""
+        if not self.chunked or isinstance(job.payload, ch.ChunkedState):
+            return job
+        return _Job(job.name, job.tokens, ch.split(job.payload))
+
     def _should_stop(self) -> bool:
         """Asked between the chunks of a write: True once close() has given up waiting."""
         return self._abandon.is_set()
@@ -364,6 +489,9 @@ class DiskTier:
         # write usually overlaps the next decode, and hashing on every core beside it takes
         # cores from that decode on a small machine. Verifying at restore, on the way to
         # the first token, still hashes on every core.
+        if self.chunked:
+            self._write_chunked(job)
+            return
         header = cf.CheckpointHeader(
             model_fingerprint=self.fingerprint,
             layout=self.layout,
@@ -373,16 +501,8 @@ class DiskTier:
             payload_sha256=cf.payload_digest(job.payload, threads=1),
         )
         need = cf.file_size_for(header.n_tokens, header.payload_bytes, len(header.to_json()))
-        if need > self.budget:
-            self.warn(
-                f"checkpoint of {header.n_tokens:,} tokens ({need / 2**20:,.0f} MiB) "
-                f"is larger than the disk budget ({self.budget / 2**20:,.0f} MiB); "
-                "not saved to disk"
-            )
+        if not self._room_for(header, need, set()):
             return
-        if self._should_stop():
-            raise cf.WriteAbandoned
-        self._evict_for(need)
         try:
             path = cf.write_checkpoint(
                 self.dir, job.name, header, job.tokens, job.payload, should_stop=self._should_stop
@@ -393,17 +513,118 @@ class DiskTier:
         size = path.stat().st_size
         with self._lock:
             self.entries[job.name] = DiskEntry(path, job.tokens, header, size - header.payload_bytes, size)
+        self.last_write = WriteReport(job.name, header.payload_bytes, size)
 
-    def _evict_for(self, need: int) -> None:
-        """Delete least recently used checkpoint files (any model) until `need` bytes fit."""
+    def _plan(self, state: ch.ChunkedState, *, share: bool = True) -> cf.ChunkedWrite:
+        """The chunks to write (those no kept checkpoint lists, each once; all of them when not
+        `share`) and the table."""
+        pack = os.urandom(16)
+        rows, pieces, offset = [], [], 0
+        placed: dict[bytes, tuple[bytes, int, int]] = {}
+        with self._lock:
+            known = dict(self._chunks) if share else {}
+        for d, chunk in zip(state.digests, state.chunks, strict=True):
+            where = known.get(d) or placed.get(d)
+            if where is None:
+                where = placed[d] = (pack, offset, len(chunk))
+                pieces.append(chunk)
+                offset += len(chunk)
+            rows.append((d, *where))
+        table = np.array(rows, dtype=cf.TABLE_ENTRY)
+        path = self.dir / f"{pack.hex()}-{os.getpid()}{cf.PACK_SUFFIX}"
+        return cf.ChunkedWrite(path if pieces else None, pieces, table, len(state))
+
+    def _write_chunked(self, job: _Job) -> None:
+        state = job.payload if isinstance(job.payload, ch.ChunkedState) else ch.split(job.payload)
+        plan = self._plan(state)
+        if plan.new_bytes < len(state) and not self._fits_sharing(plan, state):
+            plan = self._plan(state, share=False)  # the old packs can go: start a new one
+        header = cf.CheckpointHeader(
+            model_fingerprint=self.fingerprint,
+            layout=self.layout,
+            n_tokens=len(job.tokens),
+            tokens_sha256=cf.tokens_digest(job.tokens),
+            payload_bytes=len(state),
+            payload_sha256=cf.table_digest(plan.table),
+            n_chunks=len(plan.table),
+        )
+        manifest = cf.file_size_for(
+            header.n_tokens, cf.TABLE_ENTRY.itemsize * header.n_chunks, len(header.to_json())
+        )
+        need = manifest + plan.new_bytes
+        # a budget smaller than the whole state would evict what this one shares: say so
+        if not self._room_for(
+            header, max(need, manifest + header.payload_bytes), set(cf.packs_of(plan.table)), need
+        ):
+            return
+        try:
+            path = cf.write_checkpoint(
+                self.dir, job.name, header, job.tokens, plan, should_stop=self._should_stop
+            )
+        except OSError as exc:
+            self.warn(f"could not save checkpoint to {self.dir}: {exc.strerror or exc}")
+            if plan.pack is not None:
+                plan.pack.unlink(missing_ok=True)  # written, but its checkpoint is not
+            return
+        size = path.stat().st_size
+        with self._lock:
+            self.entries[job.name] = DiskEntry(
+                path, job.tokens, header, size - plan.table.nbytes, size, plan.table
+            )
+            self._reindex()
+        self.last_write = WriteReport(job.name, header.payload_bytes, size + plan.new_bytes)
+
+    def _fits_sharing(self, plan: cf.ChunkedWrite, state: ch.ChunkedState) -> bool:
+        """Whether the write fits the budget while keeping the packs it shares (those may hold
+        chunks nobody needs any more, which only go with the whole pack)."""
+        used = sum(
+            f.stat().st_size
+            for f in [*self.root.glob(f"*/*{cf.SUFFIX}"), *self.root.glob(f"*/*{cf.PACK_SUFFIX}")]
+            if f.exists()
+        )
+        shared = set(cf.packs_of(plan.table))
+        pinned = sum(f.stat().st_size for f in self.dir.glob(f"*{cf.PACK_SUFFIX}") if _pack_id(f) in shared)
+        return used <= self.budget and pinned + plan.new_bytes + plan.table.nbytes + 4096 <= self.budget
+
+    def _room_for(
+        self, header: cf.CheckpointHeader, whole: int, keep_packs: set[bytes], need: int | None = None
+    ) -> bool:
+        """Make room for a write of `need` bytes (default `whole`); False (after a warning)
+        when the state (`whole`: all of it on disk) is larger than the budget."""
+        if whole > self.budget:
+            self.warn(
+                f"checkpoint of {header.n_tokens:,} tokens ({whole / 2**20:,.0f} MiB) "
+                f"is larger than the disk budget ({self.budget / 2**20:,.0f} MiB); "
+                "not saved to disk"
+            )
+            return False
+        if self._should_stop():
+            raise cf.WriteAbandoned
+        if not self._evict_for(whole if need is None else need, keep_packs):
+            # the packs it shares hold chunks no kept checkpoint needs any more, and are not
+            # split: the budget is never passed, so this save is not written
+            self.warn(
+                f"checkpoint of {header.n_tokens:,} tokens not saved to disk: the chunks it "
+                f"shares fill the disk budget ({self.budget / 2**20:,.0f} MiB)"
+            )
+            return False
+        return True
+
+    def _evict_for(self, need: int, keep_packs: set[bytes] = frozenset()) -> bool:  # type: ignore[assignment]
+        """Delete least recently used checkpoints (any model) until `need` bytes fit. The budget
+        counts what is on disk: checkpoint files and chunk packs; a pack goes only when no
+        kept checkpoint lists a chunk of it (nor the write being made, `keep_packs`). False when
+        even that leaves no room."""
         files = []
-        for path in self.root.glob(f"*/*{cf.SUFFIX}"):
+        used = 0
+        for path in [*self.root.glob(f"*/*{cf.SUFFIX}"), *self.root.glob(f"*/*{cf.PACK_SUFFIX}")]:
             try:
                 st = path.stat()
             except FileNotFoundError:
                 continue
-            files.append((st.st_mtime, st.st_size, path))
-        used = sum(size for _, size, _ in files)
+            used += st.st_size
+            if path.suffix == cf.SUFFIX:
+                files.append((st.st_mtime, st.st_size, path))
         files.sort()
         while used + need > self.budget and files:
             _, size, path = files.pop(0)
@@ -411,8 +632,13 @@ class DiskTier:
             used -= size
             if path.parent == self.dir:
                 with self._lock:
-                    self.entries.pop(path.stem, None)
+                    if self.entries.pop(path.stem, None) is not None:
+                        self._reindex()
+                used -= self._collect_packs(self.dir, self._referenced_packs(keep_packs))
+            else:
+                used -= self._collect_packs(path.parent, _packs_listed_in(path.parent))
             log.info("evicted checkpoint %s (%d bytes) for the disk budget", path, size)
+        return used + need <= self.budget
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for queued writes; True if none is left."""

@@ -232,6 +232,40 @@ class ContextSettings:
         choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
         reload="context",
     )
+    when_full: str = setting(
+        "compact",
+        "What a turn does when the conversation fills the context to `compact_at` (or would not "
+        'fit at all): "compact" asks the model for a summary of the conversation so far, as a '
+        "continuation of it (the history is reused from the cache, only the request is "
+        "prefilled), and goes on in a new session that opens with the summary and the last "
+        'turns (the original stays whole); "drop_oldest" takes the oldest turns out of the '
+        "model's view (they stay stored and shown; the system prompt and pinned files stay in "
+        'view); "refuse" refuses a turn that does not fit, as before (docs/compaction.md).',
+        choices=("compact", "drop_oldest", "refuse"),
+    )
+    compact_at: float = setting(
+        0.85,
+        "The share of the context the next turn's prompt may fill before `when_full` acts "
+        '("refuse" waits until the turn does not fit at all).',
+        min=0.3,
+        max=0.99,
+    )
+    keep_share: float = setting(
+        0.25,
+        "The share of the context that the last turns kept word for word in a compaction's "
+        "continuation may take (after the summary and the pinned files); 0 keeps none.",
+        min=0.0,
+        max=0.8,
+    )
+    summary_prompt: str = setting(
+        "Summarize our conversation so far so that we can continue it from your summary alone: "
+        "what we set out to do, the decisions made and why, the code, file, function and "
+        "command names that matter, what is done, and the open questions and next steps. "
+        "Be concise; use short bullet points.",
+        "The request a compaction sends, appended to the conversation as a user message, to "
+        "have the model summarize it; its answer opens the continuation. `/compact FOCUS` (and "
+        "`sessions compact --focus`) adds a line saying what to focus on.",
+    )
 
 
 @dataclass(frozen=True)
@@ -270,6 +304,21 @@ class ReasoningSettings:
     )
     show_thinking: bool = setting(
         True, "Show the model's reasoning in a collapsible block (collapsed by default)."
+    )
+    budget_tokens: int = setting(
+        0,
+        "Most reasoning tokens a reply may spend (0: no limit). Past it the engine closes the "
+        "reasoning itself with the template's own end marker (after `budget_message`, if set) "
+        "and the answer follows. A template whose reasoning markers velo-chat cannot find "
+        "refuses a turn with a budget. A remote server gets it as `thinking_budget_tokens` "
+        "(llama-server enforces it; others ignore it).",
+        min=0,
+    )
+    budget_message: str = setting(
+        "",
+        "Text written at the end of the reasoning, on a line of its own, when the budget cuts "
+        'it, before the end marker (e.g. "Time is up; answering now."). It stays part of the '
+        'stored reasoning. "": the end marker alone.',
     )
 
 

@@ -93,7 +93,10 @@ def _check_value(profile: str, where: str, f: dataclasses.Field, value: Any) -> 
     if choices and value not in choices:
         raise ProfileError(f"profile {profile!r}: {where} must be one of {', '.join(choices)}; got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ProfileError(f"profile {profile!r}: {where} must be between {lo} and {hi}; got {value!r}")
+        bound = (
+            f"at least {lo}" if hi is None else f"at most {hi}" if lo is None else f"between {lo} and {hi}"
+        )
+        raise ProfileError(f"profile {profile!r}: {where} must be {bound}; got {value!r}")
     return value
 
 

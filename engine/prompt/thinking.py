@@ -63,7 +63,9 @@ template is its pair, else `<think>`/`</think>`."""
 class ThinkingSupport:
     """What one chat template offers. `switch`/`effort`: the variable names it reads (None: it
     has no such control); `levels`: the strings it compares the effort variable with, in source
-    order; `default_on`: whether it thinks when not told (None: cannot tell from a rendering)."""
+    order; `default_on`: whether it thinks when not told (None: cannot tell from a rendering);
+    `markers_found`: the markers were read from the template, not assumed (a thinking budget
+    needs them: it writes the closing marker itself)."""
 
     switch: str | None = None
     on_value: Any = True
@@ -73,6 +75,7 @@ class ThinkingSupport:
     open_marker: str = "<think>"
     close_marker: str = "</think>"
     default_on: bool | None = None
+    markers_found: bool = False  # the template source holds its marker pair (else the default)
 
     @property
     def off_level(self) -> str | None:
@@ -157,7 +160,8 @@ def inspect_template(
     inputs = meta.find_undeclared_variables(ast)  # the tree as it compiles it
     switch = next(((n, on, off) for n, on, off in SWITCHES if n in inputs), None)
     effort = next((n for n in EFFORTS if n in inputs), None)
-    open_marker, close_marker = next(((o, c) for o, c in MARKERS if o in source and c in source), MARKERS[-1])
+    found = next(((o, c) for o, c in MARKERS if o in source and c in source), None)
+    open_marker, close_marker = found or MARKERS[-1]
     support = ThinkingSupport(
         switch=switch[0] if switch else None,
         on_value=switch[1] if switch else True,
@@ -166,6 +170,7 @@ def inspect_template(
         levels=levels[effort] if effort else (),
         open_marker=open_marker,
         close_marker=close_marker,
+        markers_found=found is not None,
     )
     if render is None or not support.can_switch:
         return support
@@ -306,3 +311,56 @@ def requested(settings: ReasoningSettings) -> tuple[bool | None, str | None]:
     enabled = {"on": True, "off": False}.get(settings.enabled)
     effort = settings.effort.strip()
     return enabled, (effort if effort and effort != "auto" else None)
+
+
+# -- the thinking budget ---------------------------------------------------------------------------
+
+PROBE_REASONING, PROBE_ANSWER = "velo-probe-reasoning", "velo-probe-answer"
+"""A reply's reasoning and answer in the rendering `closing_text` reads (text no template holds)."""
+
+
+@dataclass(frozen=True)
+class ReasoningBudget:
+    """A turn's thinking budget (`reasoning.budget_tokens`, docs/thinking.md): after `tokens`
+    reasoning tokens the turn writes `message` and `closing` into the reply itself, decoded as
+    if sampled, so the reasoning ends there and the answer follows. `closing` is the text the
+    template writes between a reply's reasoning and its answer (`closing_text`). 0 tokens: no
+    limit."""
+
+    tokens: int = 0
+    message: str = ""
+    closing: str = "\n</think>\n\n"
+
+    def written_after(self, reasoning: str) -> tuple[str, str]:
+        """What the turn writes after the reasoning so far (`reasoning`: its end) when the
+        budget is spent: the message on a line of its own (a settings field holds one line),
+        and the closing without the newlines it opens with that the text before it already
+        ends with (a model that ended its line gets no blank line a re-render would not
+        have)."""
+        message = self.message
+        if message and reasoning and not reasoning.endswith("\n") and not message.startswith("\n"):
+            message = "\n" + message
+        before = reasoning + message
+        lead = len(self.closing) - len(self.closing.lstrip("\n"))
+        ending = len(before) - len(before.rstrip("\n"))
+        return message, self.closing[min(lead, ending) :]
+
+
+def closing_text(support: ThinkingSupport, render_reply: Callable[[str, str], str] | None) -> str:
+    """What ends a reasoning block in this template's replies: the text a rendering of a reply
+    (`render_reply(answer, reasoning)`, None: none) has between its reasoning and its answer,
+    where that holds the closing marker (Qwen3.5: "\\n</think>\\n\\n", GLM-4.7: "</think>").
+    A template that drops a reply's reasoning (DeepSeek R1) or cannot render one says
+    nothing: the marker on a line of its own and a blank line, as thinking models write it."""
+    fallback = f"\n{support.close_marker}\n\n"
+    if render_reply is None:
+        return fallback
+    try:
+        text = render_reply(PROBE_ANSWER, PROBE_REASONING)
+    except Exception:  # a template that refuses the probe conversation: the common closing
+        return fallback
+    start, end = text.find(PROBE_REASONING), text.find(PROBE_ANSWER)
+    if start < 0 or end < start:
+        return fallback
+    between = text[start + len(PROBE_REASONING) : end]
+    return between if support.close_marker in between else fallback

@@ -67,7 +67,14 @@ def request_body(
 ) -> dict[str, Any]:
     """The streamed chat-completions request. Standard fields go as the SDK's arguments;
     llama-server's and vLLM's extensions (keep the prompt cache, report prefill progress, top-k,
-    min-p, the template's thinking switch) go in `extra_body`, which other servers ignore."""
+    min-p, the template's thinking switch, the thinking budget) go in `extra_body`, which other
+    servers ignore.
+
+    The thinking budget is the server's to keep: this client sees the reply as text after the
+    server's own reasoning parser, not tokens it could close. llama-server reads
+    `thinking_budget_tokens` (and `thinking_budget_message`) per request and closes the
+    reasoning itself; a server that knows neither field ignores it, and `TurnStats` cannot say
+    whether it cut (`reasoning_budget_hit` stays false)."""
     convo = []
     for m in messages:
         entry: dict[str, Any] = {"role": m.role, "content": m.content}
@@ -89,6 +96,10 @@ def request_body(
         kwargs["reasoning_effort"] = effort
     if kwargs:
         extra["chat_template_kwargs"] = kwargs
+    if reasoning.budget_tokens > 0 and enabled is not False:
+        extra["thinking_budget_tokens"] = reasoning.budget_tokens
+        if reasoning.budget_message:
+            extra["thinking_budget_message"] = reasoning.budget_message
     body: dict[str, Any] = {
         "model": model,
         "messages": convo,
@@ -258,6 +269,12 @@ class RemoteEngine(EngineFacts):
         if cancel.is_set() and reader.finish is None:
             reader.finish = "cancelled"
         yield reader.done()
+
+    def warm(
+        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+    ) -> int | None:
+        """Nothing to do: the server keeps its own prompt cache, and the next request fills it."""
+        return None
 
     def __enter__(self) -> RemoteEngine:
         return self

@@ -392,6 +392,16 @@ class SpecStepper:
                 self._streak = min(self._streak * 2, MAX_GUARD_STREAK)
             self.counters.guarded += 1
 
+    def force(self, token: int) -> None:
+        """Decode a token the turn chose rather than sampled (the thinking budget's closing,
+        after `settle`) as a plain step, untimed; it joins the draft source like every decoded
+        token, and the next `step` starts from it with nothing pending."""
+        self.live.append(token)
+        self.index.add(token)
+        self.counters.decode_calls += 1
+        self.cost.last = 1
+        self._returned, self._rejected = 1, 0
+
     def held_before(self, i: int) -> int:
         """Tokens the context holds, once settled, while the `i`-th token the last `step`
         returned is pending."""

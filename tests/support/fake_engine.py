@@ -41,6 +41,7 @@ class FakeScript:
     reasoning: str = ""  # streamed before the reply, as reasoning, when the turn thinks
     thinking: ThinkingSupport | None = None  # what `thinking_support()` reports
     prompt_limit: int = 4096
+    n_ctx: int = 4096  # the context `load` reports (a small one fills up in a few turns)
     load_error: Exception | None = None
     check_errors: dict[str, Exception] = field(default_factory=dict)  # by profile name
     load_errors: dict[str, Exception] = field(default_factory=dict)  # by profile name
@@ -68,6 +69,7 @@ class FakeEngine(EngineFacts):
         self.live = 0
         self.turns: list[list] = []
         self.reasoning: list = []  # the reasoning settings of each turn
+        self.warmed: list[list] = []  # the conversations given to `warm`
         self.closed = False
 
     def apply(self, profile) -> None:
@@ -93,7 +95,7 @@ class FakeEngine(EngineFacts):
         info = ModelLoaded(
             "/models/fake.gguf",
             "llama",
-            4096,
+            self.script.n_ctx,
             0.1,
             fingerprint="fake-fingerprint",
             local=LocalModel(135_000_000, 100 << 20, 49152, hybrid=False),
@@ -209,6 +211,12 @@ class FakeEngine(EngineFacts):
             ),
             reasoning,
         )
+
+    def warm(self, messages, *, reasoning=None) -> int | None:
+        """The conversation becomes the live prefix (the next turn reports it cached)."""
+        self.warmed.append(list(messages))
+        self.live = self._count(messages)
+        return self.live
 
     def close(self) -> bool:
         self.closed = True

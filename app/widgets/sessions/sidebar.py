@@ -6,7 +6,9 @@ export) are bindings on the list that run the screen's actions.
 
 A fork is listed under the session it came from (`session_tree`), so a conversation and its
 branches read as one thing; the tree follows `parent_session_id` and nothing else, so any later
-kind of "derived from" session that sets it lands in the same place.
+kind of "derived from" session that sets it lands in the same place. A continuation (a session
+carried on after compaction, docs/compaction.md) is one: it sits under the session it summarized,
+labelled "⤷ … (continued)" (`session_label`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,18 @@ def _walk(
         stack.extend((kid, depth + 1) for kid in reversed(kids))
 
 
+CONTINUED = " (continued)"
+
+
+def session_label(session: Session) -> str:
+    """The title as listed: a continuation (made by compacting its parent, which it sits under)
+    is marked "⤷ … (continued)", so the chain reads as one conversation carried on."""
+    title = session.title or "untitled"
+    if not session.continues:
+        return title
+    return "⤷ " + (title if title.endswith(CONTINUED) else title + CONTINUED)
+
+
 def tree_prefix(depth: int) -> str:
     """The indentation before a title: none at top level, a branch mark under a parent."""
     if depth <= 0:
@@ -142,7 +156,7 @@ class SessionSidebar(Vertical):
             lst.highlighted = next(i for i, s in enumerate(self.sessions) if s.id == active_id)
 
     def _option(self, session: Session, depth: int, now: float) -> Option:
-        title = (session.title or "untitled").replace("[", r"\[")
+        title = session_label(session).replace("[", r"\[")
         mark = "▶ " if session.id == self.active_id else "  "
         label = f"{mark}{tree_prefix(depth)}{title} [dim]{age(now - session.updated_at)}[/]"
         return Option(label, id=session.id)

@@ -1,7 +1,9 @@
 """The live panel: decode speed (sparkline, current/average/peak), TTFT, prefill progress,
-cached vs prefilled tokens and where the state came from, context fill, graph reuse, speculation,
-and process memory. When the model thinks: its thinking and answer tokens apart, and the time
-to the first answer token under the TTFT (shown only for a reply that had reasoning).
+cached vs prefilled tokens and where the state came from, context fill and turns left, graph reuse,
+speculation, and process memory. When the model thinks: its thinking and answer tokens apart (against the
+thinking budget, when the profile sets one: "thinking N / budget", "cut" once the budget closed
+the reasoning), and the time to the first answer token under the TTFT (shown only for a reply
+that had reasoning).
 
 The chat screen calls its methods (calls go down); it never talks to the engine. Its `clock`
 (for the live TTFT while waiting) and `memory_probe` are injectable so snapshots are
@@ -76,9 +78,12 @@ class LivePanel(Vertical):
         self.ttft: float | None = None
         self.first_answer: float | None = None  # seconds from sending to the first answer text
         self.n_reasoning = 0  # of the reply's tokens, the reasoning's
+        self.thinking_budget = 0  # the profile's `reasoning.budget_tokens` (0: none)
+        self.budget_hit = False  # the last turn's reasoning was closed by the budget
         self.n_ctx = 0
         self.context_line = "no turn yet"
         self.fill_tokens = 0
+        self.turns_left: int | None = None  # about how many turns before `context.when_full` acts
         self.graphs = "—"
         self.speculation = "off"
         self.speculation_enabled = False
@@ -167,12 +172,18 @@ class LivePanel(Vertical):
         self.speculation = "on" if enabled else "off"
         self._render_context()
 
+    def set_thinking_budget(self, tokens: int) -> None:
+        """The profile's thinking budget (`reasoning.budget_tokens`; 0: none), which the
+        thinking line counts against."""
+        self.thinking_budget = tokens
+        self._render_decode()
+
     # -- a turn -------------------------------------------------------------------------------
 
     def turn_sent(self) -> None:
         self.meter.reset()
         self.sent_at, self.ttft = self.clock(), None
-        self.first_answer, self.n_reasoning = None, 0
+        self.first_answer, self.n_reasoning, self.budget_hit = None, 0, False
         self.query_one("#panel-spark", Sparkline).data = []
         self._render_decode()
 
@@ -233,6 +244,7 @@ class LivePanel(Vertical):
         if stats is not None:
             self.ttft = stats.ttft_s
             self.n_reasoning, self.first_answer = stats.reasoning_tokens, stats.first_answer_s
+            self.budget_hit = stats.reasoning_budget_hit
             self.graphs = f"{stats.llama.graphs_reused:,}" if stats.llama is not None else "—"
             spec = stats.speculation
             if self.speculation_enabled and spec is not None:  # the last turn's drafts
@@ -282,17 +294,32 @@ class LivePanel(Vertical):
         thinking.display = self.n_reasoning > 0
         if self.n_reasoning:
             answer = "—" if self.first_answer is None else f"{self.first_answer:.2f} s"
-            self._show(
-                "#panel-thinking",
-                f"thinking {self.n_reasoning:,} · answer {max(0, m.n_tokens - self.n_reasoning):,} tok",
-            )
+            self._show("#panel-thinking", self._thinking_line(m.n_tokens))
             ttft += f"\nfirst answer {answer}"
         self._show("#panel-ttft", f"TTFT {ttft}")
+
+    def _thinking_line(self, n_tokens: int) -> str:
+        """Thinking and answer tokens; with a budget, thinking against it on a line of its own
+        (the panel is narrow)."""
+        answer = f"answer {max(0, n_tokens - self.n_reasoning):,} tok"
+        if not self.thinking_budget:
+            return f"thinking {self.n_reasoning:,} · {answer}"
+        cut = " · cut" if self.budget_hit else ""
+        return f"thinking {self.n_reasoning:,} / {self.thinking_budget:,}{cut}\n{answer}"
+
+    def set_turns_left(self, turns: int | None) -> None:
+        """About how many more turns of the session's average size fit before the context is
+        full and `context.when_full` acts (None: not known; no line). Shown under the fill."""
+        self.turns_left = turns
+        self._render_context()
 
     def _render_context(self) -> None:
         fill = "—"
         if self.n_ctx:
             fill = f"{self.fill_tokens:,}/{self.n_ctx:,} ({self.fill_tokens / self.n_ctx:.0%})"
+        if self.turns_left is not None:
+            left = f"~{self.turns_left:,} turn{'' if self.turns_left == 1 else 's'} left"
+            fill += f"\n[b $warning]{left}[/]" if self.turns_left == 0 else f"\n{left}"
         self._show(
             "#panel-context",
             f"{self.context_line}\nfill {fill}\ngraphs reused {self.graphs}\nspeculation {self.speculation}",

@@ -36,6 +36,18 @@ class CodeWidthChanged(Message):
     have to make room for its widest line."""
 
 
+VIEW_START_TEXT = "── the model's view begins here (older messages left its view) ──"
+
+
+class ViewStartMarker(Static):
+    """The line before the first message the model still sees, once the oldest turns left its
+    view to make room (`context.when_full = "drop_oldest"`, docs/compaction.md): the messages
+    above it stay stored and shown, but the model no longer reads them."""
+
+    def __init__(self) -> None:
+        super().__init__(VIEW_START_TEXT, classes="view-start")
+
+
 class MessageView(Vertical, can_focus=True):
     """Focusable so `c` / `y` (copy), `t` (reasoning) and `o` (files) work without a mouse."""
 

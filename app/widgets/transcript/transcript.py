@@ -10,6 +10,10 @@ and the UI thread's time is taken from the decode on a small machine (`app/strea
 They come back (`thaw`) when the reply ends, when the user scrolls up, and when the transcript
 changes width (their heights would change).
 
+When the oldest turns have left the model's view (`drop_oldest`, docs/compaction.md) a marker
+line stands before the first message the model still sees (`mark_view_start`); it is a row like a
+message, so standing the history down hides it with them.
+
 It also says how wide its code is (`widest_code_line`, `code_gutter`): the screen hides side panes
 while the transcript is too narrow for a code line (`panes.py`).
 """
@@ -20,12 +24,13 @@ from collections.abc import Sequence
 
 from textual import events
 from textual.containers import VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Static
 
 from velo_chat.store import Message
 
 from .code import WrappedCode
-from .message import CodeWidthChanged, MessageView
+from .message import CodeWidthChanged, MessageView, ViewStartMarker
 
 # The columns of the transcript's width a code row cannot use, by chat.tcss: the transcript's
 # padding (1 + 1) and scrollbar (2), a message's border (1) and padding (1 + 1), the code's
@@ -44,7 +49,7 @@ class Transcript(VerticalScroll, can_focus=False):
         super().__init__(id=id)
         self.show_thinking = show_thinking
 
-        self._frozen: list[MessageView] = []
+        self._frozen: list[Widget] = []  # rows: messages, and the view-start marker among them
         self._frozen_top = 0  # where the first stood-down message began
         self._frozen_width = 0
 
@@ -71,7 +76,7 @@ class Transcript(VerticalScroll, can_focus=False):
 
     async def show_messages(self, messages: Sequence[Message]) -> None:
         self.thaw()
-        await self.remove_children(MessageView)
+        await self.remove_children(self._rows())
         views = self._views_of(messages)
         self.query_one("#transcript-empty").display = not views
         if views:
@@ -87,6 +92,32 @@ class Transcript(VerticalScroll, can_focus=False):
         if views:
             self.thaw()
             await self.mount_all(views, before=view)
+
+    async def replace_history(self, before: MessageView, messages: Sequence[Message]) -> None:
+        """Show stored `messages` in place of everything above `before` (the running turn's
+        message): the session changed under the turn (it was compacted into a continuation
+        first), and the turn now follows the continuation's messages."""
+        self.thaw()
+        rows = self._rows()
+        above = rows[: rows.index(before)] if before in rows else []
+        await self.remove_children(above)
+        views = self._views_of(messages)
+        if views:
+            await self.mount_all(views, before=before)
+
+    async def mark_view_start(self, message_id: int | None) -> None:
+        """Put the view-start marker before the message `message_id` (None, or a message not
+        shown: no marker). A no-op when it stands there already: each turn asks, and a change
+        lays the whole transcript out again."""
+        rows = self._rows()
+        first = next((v for v in self.views() if message_id is not None and v.message_id == message_id), None)
+        markers = [i for i, row in enumerate(rows) if isinstance(row, ViewStartMarker)]
+        if markers == ([rows.index(first) - 1] if first is not None else []):
+            return
+        self.thaw()
+        await self.remove_children(ViewStartMarker)
+        if first is not None:
+            await self.mount(ViewStartMarker(), before=first)
 
     async def add_message(self, view: MessageView) -> MessageView:
         self.query_one("#transcript-empty").display = False
@@ -124,13 +155,13 @@ class Transcript(VerticalScroll, can_focus=False):
         mounted ones matter (they are at the bottom anyway). Called again while a reply grows,
         it stands down what has scrolled away since (a no-op when nothing has)."""
         keep_from = self.scroll_y - self.size.height
-        views = self.views()
-        hidden: list[MessageView] = []
-        for view in views[len(self._frozen) :]:
-            region = view.virtual_region_with_margin
-            if not view.display or region.height == 0 or region.bottom > keep_from:
+        rows = self._rows()
+        hidden: list[Widget] = []
+        for row in rows[len(self._frozen) :]:
+            region = row.virtual_region_with_margin
+            if not row.display or region.height == 0 or region.bottom > keep_from:
                 break
-            hidden.append(view)
+            hidden.append(row)
         if not hidden:
             return
         if not self._frozen:
@@ -139,8 +170,8 @@ class Transcript(VerticalScroll, can_focus=False):
         stand_in.styles.height = hidden[-1].virtual_region_with_margin.bottom - self._frozen_top
         with self.app.batch_update():
             stand_in.display = True
-            for view in hidden:
-                view.display = False
+            for row in hidden:
+                row.display = False
         self._frozen, self._frozen_width = self._frozen + hidden, self.size.width
 
     def thaw(self) -> None:
@@ -148,8 +179,8 @@ class Transcript(VerticalScroll, can_focus=False):
         if not self._frozen:
             return
         with self.app.batch_update():
-            for view in self._frozen:
-                view.display = True
+            for row in self._frozen:
+                row.display = True
             self.query_one("#transcript-frozen", Static).display = False
         self._frozen = []
 
@@ -161,6 +192,10 @@ class Transcript(VerticalScroll, can_focus=False):
     def on_resize(self, event: events.Resize) -> None:
         if event.size.width != self._frozen_width:  # the hidden messages' heights changed
             self.thaw()
+
+    def _rows(self) -> list[Widget]:
+        """The messages and the view-start marker, in order (what `freeze_history` stands down)."""
+        return [child for child in self.children if isinstance(child, (MessageView, ViewStartMarker))]
 
     def views(self) -> list[MessageView]:
         """The messages in order (children only: a query would walk every Markdown block)."""
