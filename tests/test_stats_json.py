@@ -201,6 +201,16 @@ def test_a_turn_writes_the_keys_it_wrote_before(smol_engine):
             for k, v in d.items()
         }
 
+    # Keys added since those rows were captured, written only when they apply.
+    added = {"checkpoint": {"decision", "restore_est_s", "prefill_est_s"}, "": {"reasoning_budget_hit"}}
+
+    def without_added(d, where=""):
+        return {
+            k: without_added(v, k) if isinstance(v, dict) else v
+            for k, v in d.items()
+            if k not in added.get(where, set())
+        }
+
     assert list(out) == [k for k in json.loads(json.dumps(done.stats.to_json()))]  # plain JSON
-    assert shape(json.loads(json.dumps(out, sort_keys=True))) == shape(before)
+    assert without_added(shape(json.loads(json.dumps(out, sort_keys=True)))) == shape(before)
     assert TurnStats.from_json(out).to_json() == out
