@@ -7,9 +7,13 @@ handlers below turn those messages into widget calls. Its parts are objects it o
 with what they use: `TurnView` (`chat_turn.py`: the running turn in the transcript, the panel
 and the line under the composer), `Sessions` and `Copying` (`chat_sessions.py`: the active
 session, the session and copy actions), `ModelLoader` and `ThinkingChoice` (`chat_model.py`:
-loading the model, following its PLE table, the thinking key), `Compaction` (`chat_compact.py`:
-`/compact`, the fill warning, the continuation and the view marker). Textual's handlers and
-actions stay on the screen and call them.
+loading the model, following its PLE table, the thinking key), `AttachedFiles`
+(`chat_files.py`: the chips above the composer, `/read`, `/pin`), `Queue` (`chat_queue.py`:
+messages typed while a reply streams, stored as drafts), `Compaction` (`chat_compact.py`:
+`/compact`, the fill warning, the continuation and the view marker). Revisions (`e` / `r` on a
+focused message, Ctrl+R) are a `Revision` (`app/conversation.py`) sent as a turn with
+`revise_at`: the worker runs it in a fork. Textual's handlers and actions stay on the screen and
+call them.
 """
 
 from __future__ import annotations
