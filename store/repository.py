@@ -514,25 +514,12 @@ class SessionStore:
         """Copy the messages at positions < `below` (and their attachments) into a new child."""
         parent = rows.session(conn, session_id)
         if title is None:
-            first_user = conn.execute(
-                "SELECT content FROM messages WHERE session_id = ? AND role = 'user' "
-                "AND position < ? ORDER BY position LIMIT 1",
-                (session_id, below),
-            ).fetchone()
-            base = parent.title or (make_title(first_user[0]) if first_user else None)
+            base = parent.title or self._first_title(conn, session_id, below)
             title = f"{base} (fork)" if base else None
-        now = self._clock()
-        child = Session(
-            id=uuid.uuid4().hex,
-            title=rows.clean_title(title) if title is not None else None,
-            created_at=now,
-            updated_at=now,
-            profile=parent.profile,
-            system_prompt=parent.system_prompt,
-            model_fingerprint=parent.model_fingerprint,
-            parent_session_id=parent.id,
-            forked_from_message_id=forked_from,
-            working_dir=parent.working_dir,
+        child = self._child_of(
+            parent,
+            title,
+            forked_from,
             # the fork shows the model what the session showed it (when that view is in the copy)
             view_start=parent.view_start if parent.view_start < below else 0,
         )
@@ -567,25 +554,12 @@ class SessionStore:
             if title is None:
                 base = parent.title or self._first_title(conn, parent.id)
                 title = f"{base} (continued)" if base else None
-            now = self._clock()
-            child = Session(
-                id=uuid.uuid4().hex,
-                title=rows.clean_title(title) if title is not None else None,
-                created_at=now,
-                updated_at=now,
-                profile=parent.profile,
-                system_prompt=parent.system_prompt,
-                model_fingerprint=parent.model_fingerprint,
-                parent_session_id=parent.id,
-                forked_from_message_id=last[0] if last else None,
-                working_dir=parent.working_dir,
-                continues=True,
-            )
+            child = self._child_of(parent, title, last[0] if last else None, continues=True)
             rows.insert_session(conn, child)
             for position, m in enumerate(checked):
                 message_id = rows.insert_message(
                     conn, child.id, position, m.role, m.content, m.status, m.prompt_tokens,
-                    m.completion_tokens, rows.stats_json(m.stats), now, m.reasoning,
+                    m.completion_tokens, rows.stats_json(m.stats), child.created_at, m.reasoning,
                 )  # fmt: skip
                 rows.insert_attachments(conn, message_id, m.attachments)
             return child
@@ -612,12 +586,33 @@ class SessionStore:
         )
 
     @staticmethod
-    def _first_title(conn: sqlite3.Connection, session_id: str) -> str | None:
+    def _first_title(conn: sqlite3.Connection, session_id: str, below: int | None = None) -> str | None:
+        """A title from the session's first user message (before position `below`, if given)."""
         first_user = conn.execute(
-            "SELECT content FROM messages WHERE session_id = ? AND role = 'user' ORDER BY position LIMIT 1",
-            (session_id,),
+            "SELECT content FROM messages WHERE session_id = ? AND role = 'user' "
+            "AND (? IS NULL OR position < ?) ORDER BY position LIMIT 1",
+            (session_id, below, below),
         ).fetchone()
         return make_title(first_user[0]) if first_user else None
+
+    def _child_of(self, parent: Session, title: str | None, forked_from: int | None, **links: Any) -> Session:
+        """A new session taken from `parent` (a fork or a continuation): its profile, system
+        prompt, model fingerprint and working folder, linked to it; `links` sets the rest
+        (`view_start`, `continues`)."""
+        now = self._clock()
+        return Session(
+            id=uuid.uuid4().hex,
+            title=rows.clean_title(title) if title is not None else None,
+            created_at=now,
+            updated_at=now,
+            profile=parent.profile,
+            system_prompt=parent.system_prompt,
+            model_fingerprint=parent.model_fingerprint,
+            parent_session_id=parent.id,
+            forked_from_message_id=forked_from,
+            working_dir=parent.working_dir,
+            **links,
+        )
 
     def set_view_start(self, session_id: str, position: int) -> Session:
         """Make `position` the first message the model sees (drop_oldest, docs/compaction.md):

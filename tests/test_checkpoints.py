@@ -16,7 +16,8 @@ import pytest
 
 from velo_chat.engine.checkpoints import file_format as cf
 from velo_chat.engine.prompt.chat_template import ChatMessage
-from velo_chat.engine.checkpoints.tiers import DiskTier, RamTier
+from velo_chat.engine.checkpoints.ram_tier import RamTier
+from velo_chat.engine.checkpoints.tiers import DiskTier
 from velo_chat.engine.checkpoints.manager import Checkpoints
 from velo_chat.engine.config.profile_schema import CheckpointSettings
 from velo_chat.engine.diagnostics import diagnostics

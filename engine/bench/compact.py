@@ -7,8 +7,8 @@ makes it (docs/compaction.md):
 - the summary turn: the profile's `summary_prompt` appended to the conversation as a user
   message. Its prompt is the history plus that request, so the history comes from the live
   context (the state the reply left) and only the request is prefilled. Its TTFT is set against
-  a cold prefill of the same prompt (no checkpoints, an empty context): the product's target is
-  at least 10x faster;
+  a cold prefill of the same prompt (no checkpoints, an empty context): the ratio is what a
+  compaction saves (docs/results/compaction.md has what was measured and the target);
 - the continuation's prefill (`EngineAPI.warm`: the request, the summary and the last turn if it
   fits `keep_share`), checkpointed at its follow-up boundary;
 - the first follow-up in the continuation: warm, from what `warm` left.

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from . import file_format as cf
-from .tiers import DiskEntry, DiskTier, RamEntry, RamTier
+from .ram_tier import RamEntry, RamTier
+from .tiers import DiskEntry, DiskTier
 from ..llama.context import LlamaContext
 from ..config.profile_schema import CheckpointSettings
 

@@ -1,4 +1,5 @@
-"""The RAM and disk tiers of prefix checkpoints, each an LRU under its own byte budget.
+"""The disk tier of prefix checkpoints, an LRU under its byte budget (the RAM tier, and how a
+candidate is chosen, are `ram_tier.py`).
 
 A checkpoint is a token prefix plus the sequence state after exactly those tokens. The engine
 asks each tier for the entry that covers the longest usable prefix of a new turn's tokens; on a
@@ -36,6 +37,7 @@ import numpy as np
 
 from . import chunks as ch
 from . import file_format as cf
+from .ram_tier import preference, usable_prefix
 from ..config import locations
 
 log = logging.getLogger(__name__)
@@ -43,35 +45,6 @@ log = logging.getLogger(__name__)
 ABANDON_GRACE_S = 5.0
 """How long close() waits for an abandoned write to notice and stop (one chunk: well under a
 second on any disk that still works)."""
-
-
-def usable_prefix(ckpt_tokens: np.ndarray, tokens: np.ndarray, *, exact: bool) -> int:
-    """How many leading tokens of `tokens` a checkpoint can stand for (0 = none).
-
-    At least one token of `tokens` must be left to decode (its logits start the reply)."""
-    n = len(ckpt_tokens)
-    limit = len(tokens) - 1
-    if exact:
-        if n == 0 or n > limit or not np.array_equal(ckpt_tokens, tokens[:n]):
-            return 0
-        return n
-    m = min(n, limit)
-    if m <= 0:
-        return 0
-    diff = np.flatnonzero(ckpt_tokens[:m] != tokens[:m])
-    return int(diff[0]) if diff.size else m
-
-
-def preference(n_usable: int, state_bytes: int, n_saved: int, name: str) -> tuple[int, int, int, str]:
-    """Sort key of a candidate checkpoint, best first.
-
-    The most usable tokens win. On an attention model several checkpoints often tie (a state
-    saved after the prompt and one saved after the reply both cover the prompt minus its last
-    token): then the smaller state wins, because a restore copies (and, from disk, reads and
-    checksums) the whole state; then the one with fewer saved tokens (less to truncate); then the
-    name, so that the choice never depends on the order of a dict, a directory listing or the
-    LRU list."""
-    return (-n_usable, state_bytes, n_saved, name)
 
 
 BACKGROUND_NICE = 19
@@ -88,55 +61,6 @@ def background_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
     except OSError as exc:  # a sandbox that forbids it: the writer runs at normal priority
         log.debug("checkpoint writer: cannot lower its priority (%s)", exc)
-
-
-@dataclass
-class RamEntry:
-    tokens: np.ndarray
-    state: np.ndarray
-    key: str
-
-
-class RamTier:
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget = budget_bytes
-        self.entries: collections.OrderedDict[str, RamEntry] = collections.OrderedDict()
-        self.used = 0
-
-    def put(self, key: str, tokens: np.ndarray, state: np.ndarray) -> bool:
-        size = len(state)
-        if size > self.budget:
-            return False
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            return True
-        while self.used + size > self.budget and self.entries:
-            _, old = self.entries.popitem(last=False)
-            self.used -= len(old.state)
-        self.entries[key] = RamEntry(tokens, state, key)
-        self.used += size
-        return True
-
-    def best(self, tokens: np.ndarray, *, exact: bool) -> tuple[int, RamEntry | None]:
-        """The entry covering the longest usable prefix of `tokens`, ties by `preference`."""
-        best_key, best = None, None
-        for entry in self.entries.values():
-            n = usable_prefix(entry.tokens, tokens, exact=exact)
-            if n == 0:
-                continue
-            key = preference(n, len(entry.state), len(entry.tokens), entry.key)
-            if best_key is None or key < best_key:
-                best_key, best = key, entry
-        return (-best_key[0], best) if best_key is not None else (0, None)
-
-    def touch(self, key: str) -> None:
-        if key in self.entries:
-            self.entries.move_to_end(key)
-
-    def drop(self, key: str) -> None:
-        entry = self.entries.pop(key, None)
-        if entry is not None:
-            self.used -= len(entry.state)
 
 
 @dataclass
