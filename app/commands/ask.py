@@ -29,7 +29,8 @@ from velo_chat.store import Attachment, Message
 from velo_chat.store.input_text import clean_text, decode_text
 
 from ..attachments import AttachmentLimits, read_files
-from ..conversation import Revision, last_revision, record, revision_at, start_turn
+from ..conversation import record, start_turn
+from ..revisions import Revision, last_revision, revision_at
 from ..errors import UserError
 from .common import (
     load_engine,

@@ -11,7 +11,7 @@ loading the model, following its PLE table, the thinking key), `AttachedFiles`
 (`chat_files.py`: the chips above the composer, `/read`, `/pin`), `Queue` (`chat_queue.py`:
 messages typed while a reply streams, stored as drafts), `Compaction` (`chat_compact.py`:
 `/compact`, the fill warning, the continuation and the view marker). Revisions (`e` / `r` on a
-focused message, Ctrl+R) are a `Revision` (`app/conversation.py`) sent as a turn with
+focused message, Ctrl+R) are a `Revision` (`app/revisions.py`) sent as a turn with
 `revise_at`: the worker runs it in a fork. Textual's handlers and actions stay on the screen and
 call them.
 """
@@ -35,7 +35,7 @@ from velo_chat.store.input_text import BinaryInput, clean_text
 
 from .. import keymap
 from ..attachments import AttachmentLimits, AttachmentRefused
-from ..conversation import Revision, last_revision, revision_at
+from ..revisions import Revision, last_revision, revision_at
 from ..dialogs.confirm import ConfirmDialog
 from ..dialogs.message import error_dialog
 from ..errors import UserError
