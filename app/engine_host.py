@@ -14,8 +14,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from velo_chat.engine import EngineAPI, make_engine
+from velo_chat.engine import EngineAPI, make_engine, render_block
 from velo_chat.engine.config import Profile
+from velo_chat.store import Attachment
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,19 @@ class EngineHost:
         self.lock = threading.Lock()
         self.engine: EngineAPI | None = None
         self.last_preview_failure = ""  # logged once per distinct failure
+        # attached files' tokens, counted once per file version and engine (previews run on
+        # every pause in typing; a file's tokens do not change while it stays attached)
+        self._file_tokens: dict[tuple[int, str, str], int | None] = {}
+
+    def file_tokens(self, engine: EngineAPI, file: Attachment) -> int | None:
+        """The tokens of `file`'s block as the model sees it (`render_block`), counted once per
+        file version and engine. Call with `lock` held."""
+        key = (id(engine), file.path, file.sha256)
+        if key not in self._file_tokens:
+            if len(self._file_tokens) > 256:  # a long session attaches many: forget the old ones
+                self._file_tokens.clear()
+            self._file_tokens[key] = engine.count_tokens(render_block(file))
+        return self._file_tokens[key]
 
     @property
     def loaded(self) -> bool:
@@ -50,6 +64,7 @@ class EngineHost:
             except Exception:  # closing must never stop the app from quitting
                 log.exception("closing the engine failed")
             self.engine = None
+            self._file_tokens.clear()
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the engine once the running turn (already told to stop) lets go of it."""

@@ -31,7 +31,6 @@ from velo_chat.engine import (
     TurnDone,
     TurnFailed,
     TurnStarted,
-    render_block,
     usable_cores,
 )
 from velo_chat.engine.config import Profile, ReasoningSettings
@@ -442,7 +441,7 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
                 revise_at=req.revise_at,
             )
             preview = engine.preview(planned.messages, reasoning=req.reasoning_settings)
-            file_tokens = tuple(engine.count_tokens(render_block(a)) for a in req.attachments)
+            file_tokens = tuple(host.file_tokens(engine, a) for a in req.attachments)
         except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
             _log_preview_failure(host, exc)
             preview = None
