@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from velo_chat.engine import (
@@ -39,6 +39,7 @@ from .common import (
     override_thinking_budget,
     replaced_warning,
     resolve_profile,
+    say_waiting,
 )
 
 
@@ -124,18 +125,6 @@ def _say(line: str) -> None:
     print(f"velo-chat: {line}", file=sys.stderr, flush=True)
 
 
-def _on_wait(session_id: str) -> Callable[[str], None]:
-    def say(holder: str) -> None:
-        print(
-            f"velo-chat: session {session_id[:8]} is taking a turn in {holder}; waiting for it to end "
-            "(Ctrl-C gives up)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return say
-
-
 def run(args: argparse.Namespace) -> int:
     revising = args.regenerate is not None or args.edit is not None or args.edit_last
     if revising and not args.session:
@@ -177,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                 attachments=attachments,
                 revise_at=revise_at,
                 working_dir=str(Path.cwd()),
-                on_wait=_on_wait(session.id) if session else None,
+                on_wait=say_waiting(session.id) if session else None,
                 on_compact=_say,
             )
             session = started.session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 import sys
 from pathlib import Path
 from typing import Any
@@ -97,3 +98,18 @@ def engine_label(profile: Profile, model: str | None) -> str:
     if raw in BUILTIN:
         return "the default model" if raw == "default" else "the default model (Q8_0)"
     return raw.rstrip("/").rsplit("/", 1)[-1]
+
+
+def say_waiting(session_id: str) -> Callable[[str], None]:
+    """What a command prints when another process is taking a turn in the session it writes to
+    (`SessionStore.writer`'s `on_wait`): one line on stderr, then it waits."""
+
+    def say(holder: str) -> None:
+        print(
+            f"velo-chat: session {session_id[:8]} is taking a turn in {holder}; waiting for it to end "
+            "(Ctrl-C gives up)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return say

@@ -7,15 +7,14 @@ import datetime
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from velo_chat.engine.config import create_private
-from velo_chat.store import Session, SessionStore
+from velo_chat.store import SessionStore
 from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
-from .common import load_engine, open_store, replaced_warning, resolve_profile
+from .common import load_engine, open_store, replaced_warning, resolve_profile, say_waiting
 
 
 def _when(ts: float) -> str:
@@ -92,7 +91,7 @@ def _compact(store: SessionStore, args: argparse.Namespace) -> None:
     profile = resolve_profile(args.profile or session.profile)
     engine = load_engine(profile, None, quiet=False)
     try:
-        with store.writer(session.id, on_wait=_waiting(session)):
+        with store.writer(session.id, on_wait=say_waiting(session.id)):
             done = compact(store, engine, session, profile, focus=args.focus)
     finally:
         engine.close()
@@ -106,18 +105,6 @@ def _compact(store: SessionStore, args: argparse.Namespace) -> None:
         f"{stats.prefill_tokens:,}",
         file=sys.stderr,
     )
-
-
-def _waiting(session: Session) -> Callable[[str], None]:
-    def say(holder: str) -> None:
-        print(
-            f"velo-chat: session {session.id[:8]} is taking a turn in {holder}; waiting for it to end "
-            "(Ctrl-C gives up)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return say
 
 
 def run(args: argparse.Namespace) -> int:
