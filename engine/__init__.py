@@ -54,6 +54,7 @@ from .events import (
     TurnStats,
 )
 from .prompt.chat_template import ChatMessage
+from .tools import ParsedReply, ToolCall, ToolSpec
 from .prompt.files import FileText, render_block, render_user_content
 from .reply import Reply
 from .prompt.thinking import ThinkingSupport
@@ -66,6 +67,9 @@ __all__ = [
     "TurnHandle",
     "make_engine",
     "ChatMessage",
+    "ParsedReply",
+    "ToolCall",
+    "ToolSpec",
     "FileText",
     "render_block",
     "render_user_content",

@@ -32,6 +32,9 @@ from .models import (
     SearchHit,
     Session,
     Status,
+    StoredToolCall,
+    ToolResult,
+    UndoRecord,
     make_title,
 )
 from .repository import SessionStore
@@ -66,5 +69,8 @@ __all__ = [
     "StoreFull",
     "StoreLocked",
     "StoreReadOnly",
+    "StoredToolCall",
+    "ToolResult",
+    "UndoRecord",
     "make_title",
 ]

@@ -79,6 +79,60 @@ class Attachment:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredToolCall:
+    """A tool call a reply made, as the model wrote it (`text`) and as it was read (`name`,
+    `arguments`). `error` is why it was not a valid call of a declared tool ("" when it was)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    text: str
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What came of one call of a reply: who decided it, and what the model was told."""
+
+    call_index: int
+    """The call's place in its reply's `tool_calls`."""
+    call_id: str
+    tool: str
+    decision: str
+    """"auto" (the profile allowed it), "allowed" (the user, once), "allowed_session" (the user,
+    for the session), "refused" (the user), "invalid" (unknown tool or bad arguments),
+    "stopped" (the user stopped the loop first)."""
+    content: str
+    """The text the model was given as the tool's result."""
+    ok: bool
+    reason: str = ""
+    """A refusal's reason as the user typed it ("" when none)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """Facts for the transcript: "summary", "seconds", "exit_code", "truncated", "diff", ..."""
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UndoRecord:
+    """A file's bytes before and after one edit or write by a tool, so it can be put back without
+    git. The bytes are stored once by sha256 (`SessionStore.blob`)."""
+
+    id: int
+    session_id: str
+    message_id: int
+    """The reply whose call changed the file."""
+    call_index: int
+    path: str
+    """Absolute path of the file."""
+    before_sha256: str | None
+    """None: the file did not exist before (undo removes it)."""
+    after_sha256: str | None
+    """None: the call removed the file (undo restores it)."""
+    created_at: float
+    undone_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     """One turn of a session. `position` is its 0-based place in the session."""
 
@@ -101,6 +155,10 @@ class Message:
     attachments: tuple[Attachment, ...] = ()
     """Files sent with a user message, in the order they were attached; `content` holds only
     the typed text."""
+    tool_calls: tuple[StoredToolCall, ...] = ()
+    """A reply's tool calls (a step of a tool loop); `content` is the text around them."""
+    tool_results: tuple[ToolResult, ...] = ()
+    """What came of each of those calls, in call order (missing for a call never decided)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from .locations import (
 from .profile_schema import (
     SECTIONS,
     AttachmentSettings,
+    ToolSettings,
     Profile,
     ReasoningSettings,
     SamplingSettings,
@@ -53,6 +54,7 @@ __all__ = [
     # the schema
     "SECTIONS",
     "AttachmentSettings",
+    "ToolSettings",
     "Profile",
     "ReasoningSettings",
     "SamplingSettings",

@@ -469,6 +469,48 @@ class AttachmentSettings:
 
 
 @dataclass(frozen=True)
+class ToolSettings:
+    """Tools the model may call in a turn: read, list and search files, edit and write them, run
+    commands, all in the session's working folder, with the user's approval (docs/tools.md)."""
+
+    enabled: bool = setting(
+        False,
+        "Offer the model tools (the chat template must support them; `ask --tools` turns them on "
+        "for one command). Each call is a step of the turn; its result goes back to the model.",
+    )
+    offered: str = setting(
+        "all",
+        'Which tools the model is offered: "all", "read-only" (read_file, list_files, search) or '
+        "a comma-separated list of tool names.",
+    )
+    approve: str = setting(
+        "read",
+        'What runs without asking: "read" (read_file, list_files, search), "read,edit" (also '
+        'edit_file and write_file), "all", "none", or a comma-separated list of tool names. '
+        "Anything outside the working folder always asks.",
+    )
+    choice: str = setting(
+        "auto",
+        '"auto": the model decides whether to call a tool; "required": every step must be a '
+        'call (constrained from its first token); "none": tools are described but never called.',
+        choices=("auto", "required", "none"),
+    )
+    command_timeout_s: float = setting(
+        120.0, "A command is stopped (its whole process group) after this many seconds.", min=1.0, max=86400.0
+    )
+    max_output_kib: int = setting(
+        64,
+        "Most KiB of a tool's output the model is shown (a command's output, a file read); the rest "
+        "is cut and the cut is said.",
+        min=1,
+        max=16384,
+    )
+    max_steps: int = setting(
+        25, "Most tool steps one turn may take; at the limit the turn ends normally and says so.", min=1, max=1000
+    )
+
+
+@dataclass(frozen=True)
 class DisplaySettings:
     """How the TUI looks."""
 
@@ -491,6 +533,7 @@ class Profile:
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
     attachments: AttachmentSettings = field(default_factory=AttachmentSettings)
+    tools: ToolSettings = field(default_factory=ToolSettings)
     display: DisplaySettings = field(default_factory=DisplaySettings)
 
 

@@ -22,15 +22,19 @@ from ..errors import ChatTemplateError
 from . import template_env
 from .segments import PromptSplitter, Segment
 from .thinking import ThinkingSupport, inspect_template
+from ..tools.types import ToolCall
 
 _SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" or "tool" (a tool's result)
     content: str
     reasoning_content: str = ""  # a reply's reasoning, kept apart from its answer (`content`)
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant step's calls (`content`: the text around them)
+    tool_call_id: str = ""  # a tool result: the id of the call it answers
+    name: str = ""  # a tool result: the tool's name
 
 
 def _raise(message: str) -> None:
