@@ -50,7 +50,7 @@ def reload_needed(old: Profile, new: Profile) -> str | None:
 
 class VeloChatApp(App[None]):
     TITLE = "velo-chat"
-    CSS_PATH = "../assets/styles/app.tcss"
+    CSS_PATH = ["../assets/styles/app.tcss", "../assets/styles/tools.tcss"]  # tools: dialogs, transcript
     BINDINGS = keymap.bindings("app")
 
     def __init__(

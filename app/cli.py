@@ -130,6 +130,21 @@ def _ask(sub: Subcommands) -> None:
     redo.add_argument(
         "--edit-last", action="store_true", help="with --session: --edit with your last message"
     )
+    ask.add_argument(
+        "--tools",
+        action="store_true",
+        help="let the model read, search, edit and run commands in the working folder ([tools] in "
+        "the profile; edits and commands ask on the terminal, docs/tools.md)",
+    )
+    ask.add_argument(
+        "--yes",
+        action="store_true",
+        help="with --tools: allow edits and commands without asking (never anything outside the "
+        "working folder)",
+    )
+    ask.add_argument(
+        "--max-steps", type=_positive, metavar="N", help="with --tools: most tool steps (tools.max_steps)"
+    )
     ask.add_argument("--json", action="store_true", help="print one JSON object at the end")
     ask.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
 
@@ -177,6 +192,25 @@ def _sessions(sub: Subcommands) -> None:
     sc.add_argument("id")
     sc.add_argument("--focus", metavar="TEXT", help="what the summary should focus on")
     sc.add_argument("--force", action="store_true", default=argparse.SUPPRESS, help=_FORCE_HELP)
+    su = ssub.add_parser(
+        "undo",
+        help="put back the files the session's tool calls changed: the last turn that changed any, "
+        "or --turn N and every later one (no git needed; docs/coding-sessions.md)",
+    )
+    su.add_argument("id")
+    su.add_argument(
+        "--turn",
+        type=_nonnegative,
+        metavar="N",
+        help="undo the edits of turn N and later: N is the position of your message that started "
+        "it, as 'sessions show ID' numbers them",
+    )
+    su.add_argument(
+        "--force",
+        dest="force_undo",
+        action="store_true",
+        help="also put back files changed since the edit (their changes are lost)",
+    )
 
 
 def _bench(sub: Subcommands) -> None:

@@ -39,6 +39,7 @@ from velo_chat.engine import (
     PromptTooLong,
     Reply,
     TokenDelta,
+    ToolCall,
     TurnDone,
     TurnFailed,
     TurnHandle,
@@ -78,8 +79,27 @@ def engine_messages(
             files = (*carried, *m.attachments)
             carried = ()
             out.append(ChatMessage("user", render_user_content(files, m.content)))
+        elif m.tool_calls:
+            out.extend(tool_step_messages(m))
         else:
             out.append(ChatMessage(m.role, m.content, m.reasoning if m.role == "assistant" else ""))
+    return out
+
+
+NOT_RUN = "Not run: the tool loop stopped before this call was decided."
+"""The result the model sees for a call that never got one (a quit or a crash mid-loop), so the
+history stays a well-formed conversation."""
+
+
+def tool_step_messages(m: Message) -> list[ChatMessage]:
+    """A reply that made tool calls, as the model sees it: the reply with its calls, then one
+    `tool` message per call with what came of it, in call order."""
+    calls = tuple(ToolCall(c.name, c.arguments, c.id, c.text, c.error) for c in m.tool_calls)
+    out = [ChatMessage("assistant", m.content, m.reasoning, calls)]
+    results = {r.call_index: r for r in m.tool_results}
+    for i, c in enumerate(calls):
+        result = results.get(i)
+        out.append(ChatMessage("tool", result.content if result else NOT_RUN, tool_call_id=c.id, name=c.name))
     return out
 
 

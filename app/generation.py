@@ -31,12 +31,14 @@ from velo_chat.engine import (
     TurnDone,
     TurnFailed,
     TurnStarted,
+    TurnStats,
     usable_cores,
 )
 from velo_chat.engine.config import Profile, ReasoningSettings
 from velo_chat.store import Attachment, Session, SessionStore
 
 from .compaction import compact
+from .generation_tools import run_tool_steps, turn_tools
 from .conversation import RecordedTurn, record, start_turn, turn_messages
 from .engine_host import EngineHost
 from .errors import USER_ERRORS
@@ -78,6 +80,9 @@ class TurnRequest:
     # Pace updates by the UI thread's CPU (stream_pacer.py). Tests turn it off: the pace would
     # depend on the machine, and a scripted engine's clock is not the UI's.
     paced: bool = True
+    # The session's approval state for tools (the screen keeps one per session, so "allow for
+    # the session" lasts); None: a new one from the profile. Used when `profile.tools.enabled`.
+    tool_policy: Any = None
 
     @property
     def reasoning_settings(self) -> ReasoningSettings:
@@ -232,6 +237,7 @@ def run_turn(
             post(TurnRejected("the model is not loaded", req.text, req.attachments, not req.regenerate))
             return
         try:
+            tools = turn_tools(req) if req.profile.tools.enabled else None
             started = start_turn(
                 store,
                 engine,
@@ -246,6 +252,7 @@ def run_turn(
                 reasoning=req.reasoning_settings,
                 cancel=cancel,
                 on_compact=lambda line: post(TurnMakingRoom(line)),
+                **(tools.turn_kwargs() if tools is not None else {}),
             )
         except Exception as exc:  # nothing was stored (start_turn writes in one transaction)
             if not isinstance(exc, USER_ERRORS):
@@ -263,7 +270,10 @@ def run_turn(
                 started.compacted_from,
             )
         )
-        _stream(engine.info, turn, started.events, post, cancel, is_cancelled, req.paced)
+        if tools is not None:
+            run_tool_steps(tools, store, engine, started, req, post, cancel, is_cancelled)
+        else:
+            _stream(engine.info, turn, started.events, post, cancel, is_cancelled, req.paced)
 
 
 @dataclass(frozen=True)
@@ -351,14 +361,50 @@ def _stream(
     is_cancelled: Callable[[], bool],
     paced: bool = True,
 ) -> None:
+    done, failed = stream_reply(info, turn, record(events, turn), post, cancel, is_cancelled, paced)
+    post_ended(turn, done.stats if done is not None else None, failed, post)
+
+
+def post_ended(
+    turn: RecordedTurn, stats: TurnStats | None, failed: str | None, post: Post | None = None
+) -> TurnEnded:
+    """The turn's final message. The text is what the user saw stream: the stored row may lag
+    (flushed once a second) or not be writable at all (a store error)."""
+    reply = turn.streamed
+    ended = TurnEnded(
+        turn.reply,
+        stats,
+        failed,
+        text=reply.text,
+        saved=turn.saved,
+        save_error=turn.save_error,
+        reasoning=reply.reasoning,
+        empty_reason=turn.empty_reason,
+    )
+    if post is not None:
+        post(ended)
+    return ended
+
+
+def stream_reply(
+    info: ModelLoaded,
+    turn: RecordedTurn,
+    events: Iterator[EngineEvent],
+    post: Post,
+    cancel: threading.Event,
+    is_cancelled: Callable[[], bool],
+    paced: bool = True,
+) -> tuple[TurnDone | None, str | None]:
+    """Post a reply's events as it streams (`events` already pass through `record`); its final
+    event and why it failed (None: it did not)."""
     reply = turn.streamed  # fed by `record` before each event comes here
     pacer = _pacer(info, paced)
     meter = DecodeMeter()  # the sparkline's samples, over every token (not every update)
     pending = False
-    stats = None
+    stats: TurnDone | None = None
     failed = None
     try:
-        for event in record(events, turn):
+        for event in events:
             if is_cancelled():
                 cancel.set()
             if isinstance(event, TokenDelta):
@@ -375,7 +421,7 @@ def _stream(
             elif isinstance(event, EngineWarning):
                 post(EngineNotice(event.message))
             elif isinstance(event, TurnDone):
-                stats = event.stats
+                stats = event
                 if pending:  # the final text, with held-back text flushed
                     post(_streamed(reply, meter))
             elif isinstance(event, TurnFailed):
@@ -384,20 +430,7 @@ def _stream(
         if not isinstance(exc, USER_ERRORS):
             log.exception("turn crashed")
         failed = _reason(exc)
-    # The text is what the user saw stream: the stored row may lag (flushed once a second) or
-    # not be writable at all (a store error).
-    post(
-        TurnEnded(
-            turn.reply,
-            stats,
-            failed,
-            text=reply.text,
-            saved=turn.saved,
-            save_error=turn.save_error,
-            reasoning=reply.reasoning,
-            empty_reason=turn.empty_reason,
-        )
-    )
+    return stats, failed
 
 
 def _streamed(reply: Reply, meter: DecodeMeter) -> TokensStreamed:
@@ -440,7 +473,8 @@ def run_preview(host: EngineHost, store: SessionStore, req: TurnRequest, post: P
                 attachments=req.attachments,
                 revise_at=req.revise_at,
             )
-            preview = engine.preview(planned.messages, reasoning=req.reasoning_settings)
+            specs = turn_tools(req).toolbox.specs if req.profile.tools.enabled else ()
+            preview = engine.preview(planned.messages, reasoning=req.reasoning_settings, tools=specs)
             file_tokens = tuple(host.file_tokens(engine, a) for a in req.attachments)
         except Exception as exc:  # a preview is a hint: never an error dialog, but recorded
             _log_preview_failure(host, exc)

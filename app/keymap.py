@@ -18,7 +18,7 @@ class KeyAction:
     key: str
     action: str  # a Textual action string, run on the widget that holds the binding
     description: str
-    scope: str  # "app", "chat", "sessions", "message", "composer", "queue", "chips", "settings"
+    scope: str  # "app", "chat", "sessions", "message", "approval", "composer", "queue", "chips", "settings"
     show: bool = True  # in the footer
     priority: bool = False
     palette_action: str | None = None  # screen-level action the palette runs (None: `action`)
@@ -112,7 +112,9 @@ ACTIONS: tuple[KeyAction, ...] = (
         "message",
         palette_action=None,
     ),
-    KeyAction("message.toggle_files", "o", "toggle_files", "Show/hide attached files", "message"),
+    KeyAction(
+        "message.toggle_files", "o", "toggle_files", "Show/hide attached files and tool calls", "message"
+    ),
     KeyAction(
         "message.revise",
         "e",
@@ -129,6 +131,10 @@ ACTIONS: tuple[KeyAction, ...] = (
         "message",
         palette_action="regenerate_message",
     ),
+    KeyAction("approval.allow", "y", "allow", "Allow the tool call, once", "approval"),
+    KeyAction("approval.allow_session", "a", "allow_session", "Allow this tool for the session", "approval"),
+    KeyAction("approval.refuse", "n", "refuse", "Refuse it (a reason may follow; Enter sends)", "approval"),
+    KeyAction("approval.stop", "escape", "stop", "Stop the tool loop (the turn ends)", "approval"),
     KeyAction("queue.edit", "e,enter", "edit", "Edit the queued message", "queue"),
     KeyAction("queue.remove", "d,delete", "remove", "Remove the queued message", "queue"),
     KeyAction("chips.remove", "delete,backspace", "remove", "Detach the file", "chips"),
@@ -150,6 +156,7 @@ SCOPE_TITLES = {
     "chat": "Chat screen",
     "sessions": "Session list (focused)",
     "message": "A message (focused)",
+    "approval": "A tool call asking for approval (dialog)",
     "composer": "Input",
     "queue": "A queued message (focused)",
     "chips": "An attached file (focused)",

@@ -8,6 +8,7 @@ behind, Textual's queue keeps only the newest and a fast stream never floods the
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from textual.message import Message
@@ -23,6 +24,8 @@ from velo_chat.engine import (
 from velo_chat.engine.config import Profile
 from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Attachment, Session
+
+from .tools.types import ApprovalAnswer, PreparedCall
 
 
 @dataclass
@@ -174,3 +177,34 @@ class CompactionNotMade(Message):
 
     reason: str  # one line
     text: str  # the command the user typed, given back to the composer
+
+
+@dataclass
+class ToolApprovalAsked(Message):
+    """A tool call needs the user's word: the worker waits on `answer` until the screen sets it
+    (the dialog's answer, or "stopped" when the turn or the screen goes away first)."""
+
+    prepared: PreparedCall
+    answer: Future[ApprovalAnswer]
+    step: int  # the turn's tool step the call belongs to (1: the first reply)
+
+
+@dataclass
+class ToolStepBegan(Message):
+    """A tool step's results are in and the model answers again (step >= 2 of a turn): `reply`
+    is the new assistant row (status "interrupted" while it streams) that the next
+    `TokensStreamed` fill."""
+
+    reply: StoredMessage
+    step: int
+
+
+@dataclass
+class ToolCallDone(Message):
+    """A reply row was updated with its calls and the results so far; the times are the turn's
+    totals so far (decoding and prefilling, and running tools)."""
+
+    reply: StoredMessage
+    step: int
+    model_s: float
+    tool_s: float

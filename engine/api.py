@@ -16,6 +16,7 @@ from .prompt.chat_template import ChatMessage
 from .config.profile_schema import Profile, ReasoningSettings, SamplingSettings
 from .events import EngineEvent, ModelLoaded, ResumePreview, TurnDone, TurnFailed
 from .prompt.thinking import ThinkingSupport
+from .tools.types import ToolSpec
 
 
 class TurnHandle(Protocol):
@@ -124,8 +125,16 @@ class EngineAPI(Protocol):
         """How many tokens `text` is as plain message text (an attached file's size in the
         model's terms); None when only a server knows (the remote engine)."""
 
+    def tool_format(self) -> str | None:
+        """The tool-call format the model speaks ("qwen3-coder-xml", "hermes", ...; "openai" for
+        a server), or None when its chat template renders no tools."""
+
     def preview(
-        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        reasoning: ReasoningSettings | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> ResumePreview: ...
 
     def turn(
@@ -136,7 +145,12 @@ class EngineAPI(Protocol):
         reasoning: ReasoningSettings | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
-    ) -> TurnHandle: ...
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
+    ) -> TurnHandle:
+        """A turn on `messages`; with `tools`, the model may call them (`TurnDone.tool_calls`;
+        `tool_choice` "auto", "required" or "none"). A model that renders no tools refuses them
+        with `ChatTemplateError` before any event."""
 
     def warm(
         self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None

@@ -56,6 +56,8 @@ from .prompt.thinking import ReasoningBudget, ThinkingSupport, closing_text, req
 from .scheduling.threads import plan_for
 from .speculation.stepper import batch_weight_types, exactness, mode_if_enabled, speculation_mode
 from .prompt.rendered import PromptRenderer, RenderedPrompt
+from .tools.offer import ToolOffer, tool_offer, tool_variable
+from .tools.types import ToolSpec
 from .turn_runner import TurnParts, TurnPlan, run_turn
 from .turn_runner import _prefill_stops as prefill_stops
 
@@ -283,13 +285,27 @@ class Engine(EngineFacts):
         except ChatTemplateError:
             return None
 
-    def _template_variables(self, reasoning: ReasoningSettings | None = None) -> dict[str, Any]:
+    def _template_variables(
+        self, reasoning: ReasoningSettings | None = None, tools: Sequence[ToolSpec] = ()
+    ) -> dict[str, Any]:
         """The template variables a turn with these reasoning settings renders with (the
-        profile's when None): the template's own thinking switch and level, if it has them."""
+        profile's when None): the template's own thinking switch and level, if it has them, and
+        the tool definitions (`tools`) when the turn offers tools."""
         support = self.thinking_support()
         if support is None:
             return {}
-        return support.variables(*requested(reasoning or self._profile.reasoning))
+        out = support.variables(*requested(reasoning or self._profile.reasoning))
+        if tools:
+            out["tools"] = tool_variable(tools)
+        return out
+
+    def tool_format(self) -> str | None:
+        """The name of the tool-call format the model's chat template speaks (None: it renders
+        no tools, or has no template)."""
+        from .tools.formats import detect_format
+
+        fmt = detect_format(self._require()[0].chat_template_source or "")
+        return fmt.name if fmt is not None else None
 
     def count_tokens(self, text: str) -> int | None:
         """`text`'s tokens as plain message text (no special tokens parsed, no BOS): what an
@@ -298,17 +314,27 @@ class Engine(EngineFacts):
         return len(model.tokenize(text, add_special=False, parse_special=False))
 
     def preview(
-        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        reasoning: ReasoningSettings | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> ResumePreview:
         """How much the next turn would reuse, without touching the context (the UI shows this
         before sending): cached tokens, tokens to prefill, estimated prefill seconds. Give the
         `reasoning` settings the turn will run with: they can change the prompt."""
         live = self._require()[2]
-        tokens = self._render(messages, self._template_variables(reasoning)).tokens
+        prompt = self._render(messages, self._template_variables(reasoning, tools))
+        tokens = prompt.tokens
         start = live.best_start(tokens, self._checkpoints)
         tail = len(tokens) - start.n_tokens
         rate = self._prefill_tok_s
-        return ResumePreview(len(tokens), start.n_tokens, tail, start.source, tail / rate if rate else None)
+        # what every new session shares (the system prompt): asked only when something is cached
+        assert self._renderer is not None
+        shared = len(self._renderer.shared_prefix(prompt)) if start.n_tokens else 0
+        return ResumePreview(
+            len(tokens), start.n_tokens, tail, start.source, tail / rate if rate else None, shared
+        )
 
     # -- turns ----------------------------------------------------------------------------------
 
@@ -320,16 +346,28 @@ class Engine(EngineFacts):
         reasoning: ReasoningSettings | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
     ) -> Turn:
         """Prepare a turn and return it (nothing runs until it is iterated).
 
         Raises at once (before any event) for user errors: no chat template, a conversation
-        longer than the context. `sampling` and `reasoning` default to the profile's; the
-        reasoning settings set the template's thinking switch and level. `cancel`: an event
-        that stops the turn like `Turn.cancel()`.
+        longer than the context, tools offered to a template that renders none. `sampling` and
+        `reasoning` default to the profile's; the reasoning settings set the template's thinking
+        switch and level. `cancel`: an event that stops the turn like `Turn.cancel()`.
+        `tools`: the definitions the model is offered (the template's `tools` variable); a call
+        it opens is constrained by a grammar to a well-formed call of one of them
+        (`tool_choice`: "auto", "required": a call from the first token of the answer, "none":
+        described, never constrained or parsed), and `TurnDone.tool_calls` has the calls.
         """
         return self._turn(
-            messages, sampling=sampling, reasoning=reasoning, max_tokens=max_tokens, cancel=cancel
+            messages,
+            sampling=sampling,
+            reasoning=reasoning,
+            max_tokens=max_tokens,
+            cancel=cancel,
+            tools=tools,
+            tool_choice=tool_choice,
         )
 
     def _turn(
@@ -341,12 +379,14 @@ class Engine(EngineFacts):
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
         ignore_eos: bool = False,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
     ) -> Turn:
         """`turn`, and `ignore_eos` keeps decoding past end-of-generation tokens (the benchmark
         times a fixed number of tokens so, through `Diagnostics.turn`)."""
         model, _ctx, live = self._require()
         t_start = time.perf_counter()
-        variables = self._template_variables(reasoning)
+        variables = self._template_variables(reasoning, tools)
         prompt = self._render(messages, variables)
         tokens = prompt.tokens
         if len(tokens) >= live.n_ctx:
@@ -360,6 +400,8 @@ class Engine(EngineFacts):
         support = model.chat_template.thinking
         budget = self._budget(support, reasoning or self._profile.reasoning, variables)
         stop = cancel or threading.Event()
+        opens_in_reasoning = support.opens_reasoning(prompt.generation_prompt)
+        offer = self._tool_offer(tools, tool_choice, support.close_marker if opens_in_reasoning else "")
         plan = TurnPlan(
             prompt=prompt,
             sampling=settings,
@@ -367,12 +409,23 @@ class Engine(EngineFacts):
             t_start=t_start,
             ignore_eos=ignore_eos,
             thinking=support,
-            opens_in_reasoning=support.opens_reasoning(prompt.generation_prompt),
+            opens_in_reasoning=opens_in_reasoning,
             budget=budget,
+            tools=offer,
             speculation=self._speculation(self._profile.speculation.enabled),
             spec_exactness=self._spec_exactness,
         )
         return Turn(self._observe(run_turn(self._parts(), plan)), stop, len(tokens))
+
+    def _tool_offer(self, tools: Sequence[ToolSpec], choice: str, reasoning_close: str) -> ToolOffer | None:
+        model = self._require()[0]
+        return tool_offer(
+            model.chat_template_source,
+            tools,
+            choice,
+            model_name=model.path.name,
+            reasoning_close=reasoning_close,
+        )
 
     def _budget(
         self, support: ThinkingSupport, settings: ReasoningSettings, variables: Mapping[str, Any]

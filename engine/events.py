@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .tools.types import ToolCall
 from .turn_stats import (
     CheckpointStats,
     LlamaTimings,
@@ -119,6 +120,10 @@ class ResumePreview:
     prefill_tokens: int
     source: str  # "live", "ram", "disk" or "none"
     est_prefill_s: float | None  # None until a prefill rate has been measured
+    # the part of the prompt every new session with this system prompt (and tools) starts
+    # with, when something is cached (0: nothing is, or nothing is shared): cached_tokens
+    # equal to it means the turn reuses that part alone, as a new session's first turn does
+    shared_prefix_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,10 @@ class CheckpointSaved:
 
 @dataclass(frozen=True)
 class TurnDone:
-    text: str  # the answer
+    text: str  # the answer (a tool call's text taken out: it is in `tool_calls`)
     stats: TurnStats
     reasoning: str = ""  # the reasoning, apart from the answer ("" if the model did not think)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (a turn that offered tools)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Save points (when checkpoints are on): every `interval_tokens` absolute positions inside a long
 prefill; the state before the reply, at the end of the prefill *minus its last token* (a restored
 state carries no logits, so a regenerate restores there and decodes that one token to get them);
-and the follow-up boundary after the reply. The last prompt token is therefore always decoded on
+the end of the system prompt, where every new session agrees, the first time a prefill passes it
+(`save_points.shared_point`); and the follow-up boundary after the reply. The last prompt token is therefore always decoded on
 its own, cold or restored alike, so both paths run the same arithmetic.
 
 On a hybrid model the state before the reply is saved earlier when the conversation's next turn
@@ -26,13 +27,13 @@ import codecs
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .checkpoints.manager import Checkpoints
-from .checkpoints.save_points import stable_prefix
+from .checkpoints.save_points import shared_point, stable_prefix
 from .config.profile_schema import SamplingSettings, SpeculationSettings
 from .events import (
     CheckpointSaved,
@@ -52,6 +53,8 @@ from .prompt.rendered import PromptRenderer, RenderedPrompt
 from .prompt.thinking import ReasoningBudget, ReasoningSplitter, ThinkingSupport
 from .reply import Reply
 from .speculation.stepper import SpecCounters, SpecStepper
+from .tools.offer import ToolOffer
+from .tools.types import ToolCall
 from .turn_stats import CheckpointStats, LlamaTimings, SavedCheckpoint, SpeculationStats, TurnStats
 
 log = logging.getLogger(__name__)
@@ -83,12 +86,22 @@ class TurnPlan:
     budget: ReasoningBudget = field(default_factory=ReasoningBudget)  # thinking budget (0: none)
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     spec_exactness: str = ""  # "bit-identical" or "batch rounding: why" (Engine, at load)
+    tools: ToolOffer | None = None  # the tools offered (their grammar, format, parser); None: none
 
     def splitter(self) -> ReasoningSplitter:
         """Splits this turn's reply into reasoning and answer."""
         return ReasoningSplitter(
             self.thinking.open_marker, self.thinking.close_marker, inside=self.opens_in_reasoning
         )
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """A finished reply's answer, reasoning and tool calls (`_Turn.done_parts`)."""
+
+    text: str
+    reasoning: str
+    tool_calls: tuple[ToolCall, ...]
 
 
 @dataclass(frozen=True)
@@ -103,13 +116,21 @@ class TurnParts:
 
 
 def _prefill_stops(
-    start: int, end: int, interval: int, save_last: bool, stable: int | None = None
+    start: int,
+    end: int,
+    interval: int,
+    save_last: bool,
+    stable: int | None = None,
+    shared: int | None = None,
 ) -> list[int]:
     """Positions where the prefill pauses to save a checkpoint (the last one is `end`).
     `stable`: how much of the prompt every continuation keeps (hybrid models,
     `checkpoints/save_points.py`); when that is less than `end - 1`, the state before the reply
-    is saved there."""
+    is saved there. `shared`: the end of the part every new session shares (`shared_point`),
+    saved too."""
     stops: set[int] = {end}
+    if shared is not None and start < shared < end:
+        stops.add(shared)
     if save_last and end - 1 > start:
         if stable is not None and start < stable < end - 1:
             stops.add(stable)
@@ -124,7 +145,13 @@ def _prefill_stops(
 
 
 def close_boundary(
-    parts: TurnParts, plan: TurnPlan, reply: str, n_generated: int, *, reasoning: str = ""
+    parts: TurnParts,
+    plan: TurnPlan,
+    reply: str,
+    n_generated: int,
+    *,
+    reasoning: str = "",
+    tool_calls: Sequence[ToolCall] = (),
 ) -> bool:
     """Bring the live context to the follow-up boundary so the next turn (and a checkpoint
     saved here) starts exactly where a cold render of the conversation would.
@@ -140,7 +167,7 @@ def close_boundary(
     turn stops within one ubatch, with the live sequence still describing the context.
     Returns True if the context now holds exactly the boundary."""
     live, ck = parts.live, parts.checkpoints
-    target = parts.renderer.follow_up_prefix(plan.prompt, reply, reasoning)
+    target = parts.renderer.follow_up_prefix(plan.prompt, reply, reasoning, tool_calls)
     if len(target) >= live.n_ctx:
         return False  # no room for the template's closing tokens: the reply filled the context
     c = live.common_prefix(target)
@@ -182,7 +209,7 @@ def run_turn(parts: TurnParts, plan: TurnPlan) -> Iterator[EngineEvent]:
         yield from turn.prefill()
         yield from turn.decode()
         yield from turn.close()
-        yield TurnDone(turn.reply.text, turn.stats(), turn.reply.reasoning)
+        yield turn.done()
     except Exception as exc:
         if isinstance(exc, DecodeError):
             log.warning("turn failed: %s", exc)
@@ -216,6 +243,8 @@ class _Turn:
         self.budget_hit = False  # the budget closed the reasoning (`_close_reasoning`)
         self._cut_due = False  # the budget is spent at the token `_emit` stopped at
         self._tail = ""  # the end of the reply's text (the closing skips newlines it has)
+        self.raw = ""  # the reply as generated, control tokens as their text (tool calls parse it)
+        self._parsed: ParsedTurn | None = None
 
     def _warnings(self) -> Iterator[EngineEvent]:
         if self.ck is not None:
@@ -251,8 +280,23 @@ class _Turn:
             renderer, prompt = self.parts.renderer, self.plan.prompt
             stable = stable_prefix(lambda m: renderer.tokens(m, prompt.variables), prompt.messages, tokens)
         return _prefill_stops(
-            self.cached, len(tokens), ck.settings.interval_tokens, save_last=save_last, stable=stable
+            self.cached,
+            len(tokens),
+            ck.settings.interval_tokens,
+            save_last=save_last,
+            stable=stable,
+            shared=self._shared_stop(),
         )
+
+    def _shared_stop(self) -> int | None:
+        """Where the part every new session of this system prompt shares ends, when this
+        prefill passes it and should save it there (`save_points.shared_point`). A prompt too
+        short to hold one that is worth saving is not rendered again to find it."""
+        ck, tokens = self.ck, self.tokens
+        if ck is None or len(tokens) <= max(ck.settings.min_prefill_tokens, RESTORE_MIN_GAIN) + 1:
+            return None
+        shared = len(self.parts.renderer.shared_prefix(self.plan.prompt))
+        return shared_point(shared, self.cached, len(tokens), ck.settings.min_prefill_tokens)
 
     def prefill(self) -> Iterator[EngineEvent]:
         """One ubatch per llama_decode, pausing at the save points."""
@@ -289,7 +333,14 @@ class _Turn:
         if self.finish != "cancelled":
             live, plan = self.parts.live, self.plan
             utf8 = Utf8Stream()
-            with Sampler(plan.sampling, self.parts.model.n_vocab, self.tokens) as sampler:
+            grammar = plan.tools.grammar if plan.tools is not None else None
+            with Sampler(
+                plan.sampling,
+                self.parts.model.n_vocab,
+                self.tokens,
+                grammar=grammar,
+                vocab=self.parts.model.vocab,
+            ) as sampler:
                 stepper = (
                     SpecStepper(live, sampler, plan.speculation, self.tokens)
                     if plan.speculation.enabled
@@ -335,7 +386,9 @@ class _Turn:
             raw = model.token_bytes(token)
             inside = self.split.in_reasoning
             text = utf8.feed(raw)
-            part = self.split.feed(text, control="" if raw else model.token_text(token))
+            control = "" if raw else model.token_text(token)
+            part = self.split.feed(text, control=control)
+            self.raw += text or control
             if inside:
                 self.thought += 1
             self._tail = (self._tail + text)[-16:]
@@ -361,6 +414,9 @@ class _Turn:
         budget = self.plan.budget.tokens
         if budget <= 0 or self.budget_hit or not self.split.in_reasoning:
             return None
+        tools = self.plan.tools
+        if tools is not None and tools.open_call(self.raw):
+            return None  # a call open at the budget completes first (the grammar closes it)
         return max(budget - self.thought, 0)
 
     def _room(self) -> int:
@@ -395,6 +451,7 @@ class _Turn:
         self.budget_hit = True
         for token in self._closing_tokens():
             self._decode_chosen(pending, stepper)
+            sampler.accept(token)  # a grammar waiting for the reasoning to close sees it close
             if (yield from self._emit([token], utf8, None)) >= 0:
                 return []
             pending = token
@@ -405,12 +462,34 @@ class _Turn:
         """The follow-up boundary, and a checkpoint there: where the next turn starts."""
         if self.t_sampled is not None and self.finish != "context":
             t_close = time.perf_counter()
+            final = self.done_parts()
             closed = close_boundary(
-                self.parts, self.plan, self.reply.text, self.reply.n_tokens, reasoning=self.reply.reasoning
+                self.parts,
+                self.plan,
+                final.text,
+                self.reply.n_tokens,
+                reasoning=final.reasoning,
+                tool_calls=final.tool_calls,
             )
             self.close_s = time.perf_counter() - t_close
             if closed or not self.parts.model.hybrid:
                 yield from self._save_point()
+
+    def done_parts(self) -> ParsedTurn:
+        """The reply as the conversation keeps it: its tool calls parsed from the text as
+        generated, and taken out of the answer and the reasoning. Parsed once."""
+        if self._parsed is None:
+            answer, reasoning = self.reply.text, self.reply.reasoning
+            calls: tuple[ToolCall, ...] = ()
+            if self.plan.tools is not None:
+                answer, reasoning, calls = self.plan.tools.parse(self.raw, answer, reasoning)
+            self._parsed = ParsedTurn(answer, reasoning, calls)
+        return self._parsed
+
+    def done(self) -> TurnDone:
+        """The final event: the reply as the conversation keeps it, with the turn's stats."""
+        final = self.done_parts()
+        return TurnDone(final.text, self.stats(), final.reasoning, final.tool_calls)
 
     def stats(self) -> TurnStats:
         tokens, reply, plan, spec = self.tokens, self.reply, self.plan, self.spec

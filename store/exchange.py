@@ -1,6 +1,6 @@
 """Session exports (Markdown for people, JSON for re-import) and validation of imports.
 
-The JSON format is versioned (`{"format": "velo-chat.session", "version": 4, ...}`) so a later
+The JSON format is versioned (`{"format": "velo-chat.session", "version": 5, ...}`) so a later
 velo-chat can still read old files and an old one refuses new files clearly. Version history:
 
 - 1: the session and its messages; a reply's reasoning inline in its content (a leading `<think>`
@@ -11,9 +11,12 @@ velo-chat can still read old files and an old one refuses new files clearly. Ver
   `[{"text", "attachments", "created_at"}]`), so an export loses nothing the user typed.
 - 4: each attachment's `pinned`, and the session's `continues` (it continues its parent after a
   compaction) and `view_start` (the first message the model sees: docs/compaction.md).
+- 5: each reply's `tool_calls` and `tool_results`, and the session's `undo_records` with the
+  file versions they name (`blobs`, base64): `tool_exchange.py` has the fields.
 
-Versions 1 to 3 are still read (no attachments, drafts or working folder before 3; nothing
-pinned, no continuation and the whole history in view before 4). Database ids are
+Versions 1 to 4 are still read (no attachments, drafts or working folder before 3; nothing
+pinned, no continuation and the whole history in view before 4; no tool steps and nothing to
+undo before 5). Database ids are
 exported for reference only: an import always gets a new session id, so importing the same file
 twice gives two sessions, never a collision. Everything here is pure (no database access).
 """
@@ -28,16 +31,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeGuard
 
+from . import tool_exchange
 from .errors import InvalidImport
 from .input_text import BinaryInput, decode_text, replace_surrogates
 from .models import ROLES, STATUSES, Attachment, Draft, Message, Session
+from .models import StoredToolCall, ToolResult, UndoRecord
 from .reasoning import split_inline
+from .tool_exchange import ImportedUndoRecord
+from .tool_exchange import code_span as _code_span
+from .tool_exchange import longest_backticks as _longest_backticks
 
 FORMAT: Final = "velo-chat.session"
-FORMAT_VERSION: Final = 4
+FORMAT_VERSION: Final = 5
 _PREFIX: Final = "invalid session file: "
 _SHA256_HEX: Final = re.compile(r"[0-9a-fA-F]{64}")
-_BACKTICKS: Final = re.compile(r"`+")
 VIEW_STARTS_HERE: Final = (
     "*The model's view begins here: the messages above left its context when it was full.*"
 )
@@ -54,6 +61,8 @@ class ImportedMessage:
     created_at: float
     reasoning: str = ""
     attachments: tuple[Attachment, ...] = ()
+    tool_calls: tuple[StoredToolCall, ...] = ()
+    tool_results: tuple[ToolResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,9 @@ class ImportedSession:
     drafts: tuple[ImportedDraft, ...] = field(default=())
     continues: bool = False
     view_start: int = 0
+    undo_records: tuple[ImportedUndoRecord, ...] = field(default=())
+    blobs: Mapping[str, bytes] = field(default_factory=dict)
+    """The file versions `undo_records` name, by sha256 (checked against it)."""
 
 
 def iso_utc(timestamp: float) -> str:
@@ -85,9 +97,16 @@ def iso_utc(timestamp: float) -> str:
 
 
 def export_json(
-    session: Session, messages: Sequence[Message], drafts: Sequence[Draft], exported_at: float
+    session: Session,
+    messages: Sequence[Message],
+    drafts: Sequence[Draft],
+    exported_at: float,
+    undo_records: Sequence[UndoRecord] = (),
+    blobs: Mapping[str, bytes] | None = None,
 ) -> dict[str, Any]:
-    """The versioned JSON document for one session (a dict; the caller serialises it)."""
+    """The versioned JSON document for one session (a dict; the caller serialises it).
+    `undo_records`: the session's, undone ones included; `blobs`: the versions they name."""
+    positions = {m.id: m.position for m in messages}
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -118,9 +137,11 @@ def export_json(
                 "stats": dict(m.stats),
                 "created_at": m.created_at,
                 "attachments": [_attachment_json(a) for a in m.attachments],
+                **tool_exchange.message_json(m),
             }
             for m in messages
         ],
+        **tool_exchange.undo_json(undo_records, positions, blobs or {}),
         "drafts": [
             {
                 "text": d.text,
@@ -142,7 +163,8 @@ def export_markdown(session: Session, messages: Sequence[Message], drafts: Seque
 
     A message's attachments follow its text, each as a "📎 `path` (N bytes)" line and a fenced
     block holding the whole content as it was sent (the fence longer than any backtick run in
-    it), so the Markdown export is complete on its own, not a list of files that may change."""
+    it), so the Markdown export is complete on its own, not a list of files that may change.
+    A reply's tool calls follow it, each with its arguments and its result (`tool_markdown`)."""
     lines = [f"# {session.title or 'Untitled session'}", ""]
     lines.append(f"- Session: `{session.id}`")
     lines.append(f"- Profile: {session.profile}")
@@ -166,6 +188,7 @@ def export_markdown(session: Session, messages: Sequence[Message], drafts: Seque
             lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "", "</details>", ""]
         lines.append(message.content)
         lines += _attachments_markdown(message.attachments)
+        lines += tool_exchange.tool_markdown(message)
         if message.status != "complete":
             lines += ["", f"*({message.status})*"]
         lines.append("")
@@ -185,18 +208,6 @@ def _attachments_markdown(attachments: Sequence[Attachment]) -> list[str]:
         pin = ", pinned" if a.pinned else ""
         lines += ["", f"📎 {_code_span(a.path)} ({a.size} bytes{pin})", "", fence, a.content, fence]
     return lines
-
-
-def _code_span(text: str) -> str:
-    """`text` as inline code on one line, whatever backticks or newlines it holds."""
-    flat = " ".join(text.splitlines()) or text
-    ticks = "`" * (_longest_backticks(flat) + 1)
-    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
-    return f"{ticks}{pad}{flat}{pad}{ticks}"
-
-
-def _longest_backticks(text: str) -> int:
-    return max((len(run) for run in _BACKTICKS.findall(text)), default=0)
 
 
 def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
@@ -239,6 +250,8 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
     continues, view_start = (
         (_bool(raw, "continues", "session"), _view_start(raw, messages)) if version >= 4 else (False, 0)
     )
+    blobs = tool_exchange.blobs(doc.get("blobs")) if version >= 5 else {}
+    undo = tool_exchange.undo_records(doc.get("undo_records"), len(messages), blobs) if version >= 5 else ()
     return ImportedSession(
         title=_get(raw, "title", str, "session", optional=True),
         created_at=created_at,
@@ -251,6 +264,8 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> ImportedSession:
         drafts=drafts,
         continues=continues,
         view_start=view_start,
+        undo_records=undo,
+        blobs=blobs,
     )
 
 
@@ -338,7 +353,11 @@ def _message(item: object, where: str, default_time: float, version: int) -> Imp
         inline, answer = split_inline(content)
         if inline is not None:
             reasoning, content = inline, answer
+    calls = tool_exchange.tool_calls(raw.get("tool_calls"), where) if version >= 5 else ()
+    results = tool_exchange.tool_results(raw.get("tool_results"), where, len(calls)) if version >= 5 else ()
     return ImportedMessage(
+        tool_calls=calls,
+        tool_results=results,
         role=role,
         content=content,
         attachments=_attachments(raw.get("attachments"), where, version) if version >= 3 else (),

@@ -132,11 +132,72 @@ def _v4_compaction(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE attachments ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0")
 
 
+def _v5_tools(conn: sqlite3.Connection) -> None:
+    """Tool steps and undo without git (docs/coding-sessions.md, "Undo").
+
+    A reply's tool calls are a JSON list on its message (read and written whole, with the
+    reply); what came of each call is a row of `tool_results`, one per call, since results
+    arrive one at a time and are searched. A file's bytes before and after a tool changed it
+    are content-addressed `file_blobs` (a file edited ten times in a session is stored as its
+    versions, each once), which `undo_records` name by sha256. The records go with their
+    session and their message (cascade); a blob goes when the last record naming it does
+    (`undo_records_blobs_ad`), so deleting a session or regenerating a reply leaves no bytes
+    nothing can reach. JSON and BLOBs only: nothing here is pickled."""
+    conn.execute("ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '[]'")
+    conn.execute(
+        """
+        CREATE TABLE tool_results (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            call_index INTEGER NOT NULL CHECK (call_index >= 0),
+            call_id TEXT NOT NULL,
+            tool TEXT NOT NULL,
+            decision TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT '',
+            content TEXT NOT NULL,
+            ok INTEGER NOT NULL,
+            details TEXT NOT NULL DEFAULT '{}',
+            created_at REAL NOT NULL,
+            UNIQUE (message_id, call_index)
+        )
+        """
+    )
+    conn.execute("CREATE TABLE file_blobs (sha256 TEXT PRIMARY KEY, data BLOB NOT NULL)")
+    conn.execute(
+        """
+        CREATE TABLE undo_records (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            call_index INTEGER NOT NULL CHECK (call_index >= 0),
+            path TEXT NOT NULL,
+            before_sha256 TEXT REFERENCES file_blobs(sha256),
+            after_sha256 TEXT REFERENCES file_blobs(sha256),
+            created_at REAL NOT NULL,
+            undone_at REAL
+        )
+        """
+    )
+    conn.execute("CREATE INDEX undo_records_session ON undo_records(session_id, id)")
+    conn.execute("CREATE INDEX undo_records_message ON undo_records(message_id)")
+    # the blob trigger's lookups (and the foreign keys' checks) by either hash
+    conn.execute("CREATE INDEX undo_records_before ON undo_records(before_sha256)")
+    conn.execute("CREATE INDEX undo_records_after ON undo_records(after_sha256)")
+    conn.execute(
+        """CREATE TRIGGER undo_records_blobs_ad AFTER DELETE ON undo_records BEGIN
+            DELETE FROM file_blobs WHERE sha256 IN (old.before_sha256, old.after_sha256)
+            AND NOT EXISTS (SELECT 1 FROM undo_records u
+                            WHERE u.before_sha256 = file_blobs.sha256
+                               OR u.after_sha256 = file_blobs.sha256); END"""
+    )
+
+
 MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (
     _v1_initial,
     _v2_reasoning,
     _v3_attachments,
     _v4_compaction,
+    _v5_tools,
 )
 """Step i takes the database from version i to version i + 1."""
 

@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import exchange, rows, session_lock
+from . import exchange, rows, session_lock, tool_rows
 from .errors import (
     AmbiguousId,
     InvalidArgument,
@@ -67,6 +67,9 @@ from .models import (
     NewMessage,
     SearchHit,
     Session,
+    StoredToolCall,
+    ToolResult,
+    UndoRecord,
     make_title,
 )
 from .private_file import private_database_file
@@ -246,11 +249,13 @@ class SessionStore:
             return rows.session(conn, session_id)
 
     def delete(self, session_id: str) -> None:
-        """Delete the session and (by cascade) its messages, attachments and drafts; its forks
-        keep their copies. Its writer lock file goes too."""
+        """Delete the session and (by cascade) its messages, attachments, drafts, tool results
+        and undo records, and the file versions nothing names any more; its forks keep their
+        copies. Its writer lock file goes too."""
         with self._transaction(write=True) as conn:
             if conn.execute("DELETE FROM sessions WHERE id = ?", (rows.text(session_id),)).rowcount == 0:
                 raise SessionNotFound(f"no session {session_id!r}")
+            tool_rows.drop_unreferenced_blobs(conn)
         try:
             path = session_lock.lock_path(self.path, session_id)
         except InvalidArgument:  # an id no lock file can have (an imported oddity)
@@ -469,7 +474,8 @@ class SessionStore:
 
     def fork(self, session_id: str, at_message_id: int, title: str | None = None) -> Session:
         """A new session with copies of the messages up to and including `at_message_id` (and
-        their attachments).
+        their attachments, tool calls and results; not the undo records, which stay with the
+        session whose call changed the file).
 
         The copies are independent rows (editing either session never touches the other); the
         engine's checkpoints are keyed on token prefixes, so the fork reuses the parent's."""
@@ -531,6 +537,7 @@ class SessionStore:
             (child.id, session_id, below),
         )
         rows.copy_attachments(conn, session_id, child.id, below)
+        tool_rows.copy_tool_results(conn, session_id, child.id, below)
         return child
 
     # -- compaction ---------------------------------------------------------------------------
@@ -633,6 +640,74 @@ class SessionStore:
             conn.execute("UPDATE sessions SET view_start = ? WHERE id = ?", (position, session_id))
             return rows.session(conn, session_id)
 
+    # -- tool steps, undo -------------------------------------------------------------------
+
+    def set_tool_calls(self, message_id: int, calls: Sequence[StoredToolCall]) -> Message:
+        """Set a reply's tool calls (a step of a tool loop), replacing any it had; bumps the
+        session's `updated_at`. `InvalidArgument` for a bad call, a message that is not a reply,
+        or one whose dropped call already has a result."""
+        calls_json = tool_rows.check_tool_calls(calls)
+        with self._transaction(write=True) as conn:
+            tool_rows.set_tool_calls(conn, message_id, calls_json, self._clock())
+            return rows.message(conn, message_id)
+
+    def add_tool_result(self, message_id: int, result: ToolResult) -> Message:
+        """Store what came of call `result.call_index` of a reply (`created_at` 0: now). The
+        call must be set, and has one result: `InvalidArgument` for a second."""
+        checked = tool_rows.check_tool_result(result)
+        with self._transaction(write=True) as conn:
+            tool_rows.add_tool_result(conn, message_id, checked, self._clock())
+            return rows.message(conn, message_id)
+
+    def put_blob(self, data: bytes) -> str:
+        """Store file bytes once; returns their sha256 (lowercase hex). A version no undo
+        record names is dropped when a session is deleted: record it (`add_undo_record`)."""
+        data = tool_rows.check_bytes(data, "data")
+        with self._transaction(write=True) as conn:
+            return tool_rows.put_blob(conn, data)
+
+    def blob(self, sha256: str) -> bytes:
+        """The bytes stored under `sha256` (`InvalidArgument` when none are)."""
+        digest = tool_rows.check_sha256(sha256)
+        with self._transaction() as conn:
+            return tool_rows.blob(conn, digest)
+
+    def add_undo_record(
+        self,
+        session_id: str,
+        message_id: int,
+        call_index: int,
+        path: str,
+        before: bytes | None,
+        after: bytes | None,
+    ) -> UndoRecord:
+        """Record that call `call_index` of reply `message_id` changed the file `path`
+        (absolute) from `before` to `after` (None: it did not exist), both versions and the
+        record in one transaction."""
+        change = tool_rows.check_change(call_index, path, before, after)
+        with self._transaction(write=True) as conn:
+            record_id = tool_rows.add_undo_record(
+                conn, rows.text(session_id), message_id, *change, self._clock()
+            )
+            return tool_rows.undo_record(conn, record_id)
+
+    def undo_records(
+        self, session_id: str, *, since_position: int | None = None, include_undone: bool = False
+    ) -> list[UndoRecord]:
+        """The session's undo records in the order they were made (not undone ones, unless
+        `include_undone`); `since_position`: those whose message is at that position or later."""
+        if since_position is not None:
+            tool_rows.check_index(since_position, "since_position")
+        with self._transaction() as conn:
+            rows.session(conn, session_id)
+            return tool_rows.undo_records(conn, session_id, since_position, include_undone)
+
+    def mark_undone(self, record_ids: Sequence[int], when: float | None = None) -> None:
+        """Mark records undone (at `when`, default now): their files were put back. All or none:
+        `InvalidArgument` for an id that names no record."""
+        with self._transaction(write=True) as conn:
+            tool_rows.mark_undone(conn, record_ids, self._clock() if when is None else when)
+
     # -- drafts -----------------------------------------------------------------------------
 
     def add_draft(self, session_id: str, text: str, attachments: Sequence[Attachment] = ()) -> Draft:
@@ -679,17 +754,22 @@ class SessionStore:
 
     def export_json(self, session_id: str) -> dict[str, Any]:
         """The versioned JSON document (`exchange.FORMAT`, `exchange.FORMAT_VERSION`), drafts
-        included so an export loses nothing the user typed."""
+        included so an export loses nothing the user typed, and the undo records with the file
+        versions they name, so an import can still undo."""
         with self._transaction() as conn:
             session, messages = rows.session(conn, session_id), rows.messages(conn, session_id)
             drafts = rows.drafts(conn, session_id)
-        return exchange.export_json(session, messages, drafts, exported_at=self._clock())
+            undo = tool_rows.undo_records(conn, session_id, None, include_undone=True)
+            versions = tool_rows.blobs(
+                conn, (h for r in undo for h in (r.before_sha256, r.after_sha256) if h)
+            )
+        return exchange.export_json(session, messages, drafts, self._clock(), undo, versions)
 
     def import_json(self, data: Mapping[str, Any] | str | bytes) -> Session:
         """Import an `export_json` document (parsed or as text) as a new session with a new id,
-        with its attachments, working folder and drafts (version 3), and where the model's view
+        with its attachments, working folder and drafts (version 3), where the model's view
         begins and whether it continues another session (version 4; its parent is not linked:
-        the import stands alone).
+        the import stands alone), and its tool steps and undo records (version 5).
         Raises `InvalidImport` naming the first bad field; nothing is written then."""
         doc = exchange.parse_import(data)
         title = doc.title
@@ -709,12 +789,23 @@ class SessionStore:
         )
         with self._transaction(write=True) as conn:
             rows.insert_session(conn, session)
+            ids = []
             for position, m in enumerate(doc.messages):
                 message_id = rows.insert_message(
                     conn, session.id, position, m.role, m.content, m.status, m.prompt_tokens,
                     m.completion_tokens, rows.stats_json(m.stats), m.created_at, m.reasoning,
+                    tool_rows.check_tool_calls(m.tool_calls),
                 )  # fmt: skip
                 rows.insert_attachments(conn, message_id, m.attachments)
+                for result in m.tool_results:
+                    tool_rows.insert_tool_result(conn, message_id, tool_rows.check_tool_result(result))
+                ids.append(message_id)
+            for u in doc.undo_records:
+                before, after = (doc.blobs[h] if h else None for h in (u.before_sha256, u.after_sha256))
+                tool_rows.add_undo_record(
+                    conn, session.id, ids[u.message_position], u.call_index, u.path, before, after,
+                    u.created_at, u.undone_at,
+                )  # fmt: skip
             for d in doc.drafts:
                 rows.insert_draft(conn, session.id, d.text, d.attachments, d.created_at)
         return session

@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
+from . import tool_rows
 from .errors import DraftNotFound, InvalidArgument, MessageNotFound, SessionNotFound
 from .input_text import replace_surrogates
-from .models import Attachment, Draft, Message, Session
+from .models import Attachment, Draft, Message, Session, ToolResult
 
 SESSION_COLUMNS = (
     "id, title, created_at, updated_at, profile, system_prompt, model_fingerprint, "
@@ -25,7 +26,7 @@ SESSION_COLUMNS = (
 )
 MESSAGE_FIELDS = (
     "id", "session_id", "position", "role", "content", "status",
-    "prompt_tokens", "completion_tokens", "stats", "created_at", "reasoning",
+    "prompt_tokens", "completion_tokens", "stats", "created_at", "reasoning", "tool_calls",
 )  # fmt: skip
 MESSAGE_COLUMNS = ", ".join(f"m.{name}" for name in MESSAGE_FIELDS)
 COPY_FIELDS = ", ".join(MESSAGE_FIELDS[3:])
@@ -70,12 +71,13 @@ def message(conn: sqlite3.Connection, message_id: int | None) -> Message:
         "ORDER BY a.ordinal",
         (message_id,),
     )
-    return message_from_row(row, _group_attachments(found).get(row["id"], ()))
+    results = tool_rows.results_of_message(conn, row["id"])
+    return message_from_row(row, _group_attachments(found).get(row["id"], ()), results)
 
 
 def messages(conn: sqlite3.Connection, session_id: str) -> list[Message]:
-    """The session's messages in order, with their attachments: two queries whatever the length,
-    so opening a long session costs no more round trips than a short one."""
+    """The session's messages in order, with their attachments and tool results: three queries
+    whatever the length, so opening a long session costs no more round trips than a short one."""
     rows = conn.execute(
         f"SELECT {MESSAGE_COLUMNS} FROM messages m WHERE m.session_id = ? ORDER BY m.position",
         (session_id,),
@@ -86,7 +88,8 @@ def messages(conn: sqlite3.Connection, session_id: str) -> list[Message]:
         (session_id,),
     )
     attached = _group_attachments(found)
-    return [message_from_row(row, attached.get(row["id"], ())) for row in rows]
+    results = tool_rows.results_of_session(conn, session_id)
+    return [message_from_row(row, attached.get(row["id"], ()), results.get(row["id"], ())) for row in rows]
 
 
 def with_attachments(conn: sqlite3.Connection, found: Sequence[Message]) -> list[Message]:
@@ -124,10 +127,13 @@ def attachment_from(item: Mapping[str, Any] | sqlite3.Row) -> Attachment:
     return Attachment(item["path"], item["sha256"], item["size"], item["content"], bool(pinned))
 
 
-def message_from_row(row: sqlite3.Row, attachments: tuple[Attachment, ...] = ()) -> Message:
+def message_from_row(
+    row: sqlite3.Row, attachments: tuple[Attachment, ...] = (), tool_results: tuple[ToolResult, ...] = ()
+) -> Message:
     fields = {name: row[name] for name in MESSAGE_FIELDS}
     fields["stats"] = json.loads(fields["stats"])
-    return Message(**fields, attachments=attachments)
+    fields["tool_calls"] = tool_rows.tool_calls_from_json(fields["tool_calls"])
+    return Message(**fields, attachments=attachments, tool_results=tool_results)
 
 
 def insert_session(conn: sqlite3.Connection, s: Session) -> None:
@@ -224,13 +230,15 @@ def insert_message(
     stats: str,
     created_at: float,
     reasoning: str = "",
+    tool_calls: str = "[]",
 ) -> int:
-    """Insert one message row (`stats` already JSON); returns its id."""
+    """Insert one message row (`stats` and `tool_calls` already JSON); returns its id."""
     cursor = conn.execute(
         "INSERT INTO messages (session_id, position, role, content, status, prompt_tokens,"
-        " completion_tokens, stats, created_at, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " completion_tokens, stats, created_at, reasoning, tool_calls)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (session_id, position, role, content, status, prompt_tokens, completion_tokens, stats,
-         created_at, reasoning),
+         created_at, reasoning, tool_calls),
     )  # fmt: skip
     assert cursor.lastrowid is not None
     return cursor.lastrowid

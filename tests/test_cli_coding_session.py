@@ -61,7 +61,7 @@ def test_a_file_is_attached_stored_apart_and_reused_by_the_follow_up(velo_home, 
         data.decode(),
     )
     export = json.loads(run_cli("sessions", "export", first["session_id"], "--format", "json").stdout)
-    assert export["version"] == 4
+    assert export["version"] == 5
     question = export["messages"][0]
     assert question["content"] == "What does LoadRate measure?"  # the typed text, apart from the file
     assert [a["path"] for a in question["attachments"]] == ["src/load_rate.py"]

@@ -125,7 +125,7 @@ def test_a_version_3_database_gains_continuations_views_and_pins(tmp_path: Path)
         [message] = store.messages("a")
         assert message.attachments == (Attachment("x.py", "0" * 64, 1, "x", False),)
     with sqlite3.connect(path) as raw:
-        assert schema_version(raw) == len(MIGRATIONS) == 4
+        assert schema_version(raw) == len(MIGRATIONS) == 5
     raw.close()
 
 
@@ -212,7 +212,7 @@ def test_exports_carry_pins_views_and_continuations_and_older_ones_import(store:
     store.set_view_start(child.id, 2)
     store.add_draft(child.id, "queued", (file("q.py", pinned=True),))
     doc = store.export_json(child.id)
-    assert doc["version"] == FORMAT_VERSION == 4
+    assert doc["version"] == FORMAT_VERSION == 5
     assert (doc["session"]["continues"], doc["session"]["view_start"]) == (True, 2)
     assert doc["messages"][0]["attachments"][0]["pinned"] is True
     copy = store.import_json(doc)

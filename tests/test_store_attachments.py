@@ -306,7 +306,7 @@ def test_export_round_trip_with_files(store: SessionStore) -> None:
     session_id, made = conversation(store)
     store.add_draft(session_id, "queued while it streamed", FILES[1:])
     doc = store.export_json(session_id)
-    assert (doc["format"], doc["version"]) == (FORMAT, FORMAT_VERSION) == (FORMAT, 4)
+    assert (doc["format"], doc["version"]) == (FORMAT, FORMAT_VERSION) == (FORMAT, 5)
     assert doc["session"]["working_dir"] == "/work/project"
     assert doc["messages"][0]["attachments"] == [
         {"path": f.path, "sha256": f.sha256, "size": f.size, "content": f.content, "pinned": False}
@@ -362,7 +362,7 @@ def test_older_session_files_still_import(store: SessionStore, version: int) -> 
     messages = store.messages(session.id)
     assert [(m.content, m.attachments) for m in messages] == [("question", ()), ("answer", ())]
     assert store.drafts(session.id) == []
-    assert store.export_json(session.id)["version"] == 4
+    assert store.export_json(session.id)["version"] == 5
 
 
 BAD_V3: list[tuple[dict[str, Any], str]] = [
@@ -463,7 +463,7 @@ def test_a_version_2_database_is_upgraded_in_place(db_path: Path) -> None:
         assert store.add_draft("s2", "later").text == "later"
         assert store.fork_before("s2", 2).working_dir is None
     with closing(sqlite3.connect(db_path)) as raw:
-        assert schema_version(raw) == LATEST_VERSION == 4
+        assert schema_version(raw) == LATEST_VERSION == 5
         assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     with SessionStore(db_path) as store:  # a second open changes nothing
         assert [m.attachments for m in store.messages("s2")][2] == FILES[:1]

@@ -63,7 +63,7 @@ def test_an_old_database_is_upgraded_and_its_reasoning_moved_out(db_path):
             assert [h.message.content for h in store.search("answer")] == ["The answer."]
             assert store.search("plan") == []
     with closing(sqlite3.connect(db_path)) as raw:
-        assert schema_version(raw) == LATEST_VERSION == 4
+        assert schema_version(raw) == LATEST_VERSION == 5
     with SessionStore(db_path) as store:  # a second open changes nothing
         assert store.messages("s1")[1].reasoning == "plan the answer"
 
@@ -90,7 +90,7 @@ def test_replies_keep_their_reasoning_through_updates_forks_and_exports(store):
     assert store.messages(fork.id)[-1].reasoning == "Think first."
 
     doc = store.export_json(session.id)
-    assert doc["version"] == FORMAT_VERSION == 4
+    assert doc["version"] == FORMAT_VERSION == 5
     assert [m["reasoning"] for m in doc["messages"]] == ["", "Think first."]
     again = store.import_json(json.dumps(doc))
     assert [(m.content, m.reasoning) for m in store.messages(again.id)] == [

@@ -29,6 +29,7 @@ from velo_chat.store import Attachment, Message
 from velo_chat.store.input_text import clean_text, decode_text
 
 from ..attachments import AttachmentLimits, read_files
+from .ask_tools import CliTools, stream_steps, working_folder
 from ..conversation import record, start_turn
 from ..revisions import Revision, last_revision, revision_at
 from ..errors import UserError
@@ -120,6 +121,20 @@ def _attach(
     return [f.attachment for f in files], warnings
 
 
+def _tools(
+    args: argparse.Namespace, profile: Profile, session_dir: str | None
+) -> tuple[Profile, CliTools | None]:
+    """The profile with `--max-steps`, and the tools of this turn (None: tools are off)."""
+    if args.max_steps is not None:
+        profile = dataclasses.replace(
+            profile, tools=dataclasses.replace(profile.tools, max_steps=args.max_steps)
+        )
+    if not (args.tools or profile.tools.enabled):
+        return profile, None
+    profile = dataclasses.replace(profile, tools=dataclasses.replace(profile.tools, enabled=True))
+    return profile, CliTools.make(profile, working_folder(session_dir), assume_yes=args.yes)
+
+
 def _say(line: str) -> None:
     """What a full context makes the turn do first (compact, drop), before it runs."""
     print(f"velo-chat: {line}", file=sys.stderr, flush=True)
@@ -155,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
         if prompt is None:  # --regenerate always finds a stored question (revision above)
             raise UserError("a prompt is needed")
         revise_at = revision.position if revision else None
+        profile, tools = _tools(args, profile, session.working_dir if session else None)
         engine = load_engine(profile, args.model, quiet=args.json)
+        outcome = None
         try:
             started = start_turn(
                 store,
@@ -168,13 +185,19 @@ def run(args: argparse.Namespace) -> int:
                 working_dir=str(Path.cwd()),
                 on_wait=say_waiting(session.id) if session else None,
                 on_compact=_say,
+                **(tools.turn_kwargs() if tools else {}),
             )
             session = started.session
-            done, failed = _stream(record(started.events, started.recorded), args.json)
+            failed: TurnFailed | str | None
+            if tools is None:
+                done, failed = _stream(record(started.events, started.recorded), args.json)
+            else:
+                outcome = tools.run(store, engine, started, profile, stream_steps(_stream, args.json))
+                done, failed = outcome.last, outcome.failed
         finally:
             engine.close()
     if failed is not None:
-        raise UserError(f"the turn failed: {failed.reason}")
+        raise UserError(f"the turn failed: {failed if isinstance(failed, str) else failed.reason}")
     if done is None:  # the engine's contract says this cannot happen; never a bare assert
         raise RuntimeError("the turn ended without a final event")
     if args.json:
@@ -186,12 +209,16 @@ def run(args: argparse.Namespace) -> int:
                     "session_id": session.id,
                     "stats": done.stats.to_json(),
                     **({"compacted_from": started.compacted_from.id} if started.compacted_from else {}),
+                    **({"steps": [s.to_json() for s in outcome.steps]} if outcome is not None else {}),
+                    **({"stopped": outcome.stopped} if outcome is not None and outcome.stopped else {}),
                 },
                 ensure_ascii=False,
             )
         )
     else:
         sys.stdout.write("\n")
+    if outcome is not None and outcome.stopped:
+        print(f"velo-chat: the tool loop ended: {outcome.stopped}", file=sys.stderr)
     if not started.recorded.saved:  # printed above, so not lost; but say it is not stored
         raise UserError(f"the reply was printed but not saved: {started.recorded.save_error}")
     for line in [warning, *file_warnings]:

@@ -1,6 +1,6 @@
 """`velo-chat doctor`: is this machine ready for the active profile? The llama.cpp build, the
-GPU, CuPy, memory and swap, the model's files, the fit table and the PLE table's page-cache
-residency, with what to do about each problem. Exit 0 when usable, 1 with the reasons.
+GPU and its clocks, CuPy, memory and swap, the model's files, the fit table and the PLE table's
+page-cache residency, with what to do about each problem. Exit 0 when usable, 1 with the reasons.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from velo_chat.engine.fit import (
     check_profile,
     cpu_flags,
     fmt,
+    gpu_clocks,
     gpus,
+    llama_bindings,
     load_average,
     meminfo,
     model_weight_types,
@@ -48,8 +50,8 @@ PLE_SYMBOL = "llama_model_set_ple_provider"  # the velo-chat PLE patch (packagin
 
 
 def _build() -> dict[str, Any]:
+    ll = llama_bindings()  # our log first: the system info starts CUDA, which logs a banner
     import llama_cpp
-    from llama_cpp import llama_cpp as ll
 
     lib = ll._lib
     info = ll.llama_print_system_info().decode("utf-8", errors="replace")
@@ -139,6 +141,7 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     build = _build()
     found_gpus = gpus()
     machine = Machine(meminfo(), build["gpu_offload"], found_gpus[0] if found_gpus else None)
+    clocks = gpu_clocks() if found_gpus else []
     load = load_average()
     group = probe_cpu_group()
     neighbours = neighbours_cores() if load.busy_advice else None
@@ -148,7 +151,7 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
         "cgroup": {**group.to_json(), "others_cores": neighbours},
     }
     out: dict[str, Any] = {
-        **_machine(build, machine, cpu),
+        **_machine(build, machine, cpu, clocks[0].to_json() if clocks else None),
         "profile": profile.name,
         "model": {"path": None, "shards": [], "ok": False, "error": None},
         "fit": None,
@@ -156,6 +159,8 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     }
     problems: list[str] = []
     advice = _machine_advice(profile, build, machine, load.busy_advice, group, neighbours)
+    if clocks and clocks[0].cap is not None:
+        advice.append(f"the GPU's clock is held below its maximum: {clocks[0].describe()}")
     if profile.backend.kind == "remote":
         out["model"]["error"] = f"a remote server ({profile.backend.base_url}) runs the model"
         advice.append("a remote profile: the server's machine is not checked here")
@@ -164,8 +169,11 @@ def collect(profile_name: str | None, warm: Callable[[int, int], None] | None = 
     return _finish(out, problems, advice)
 
 
-def _machine(build: dict[str, Any], machine: Machine, cpu: dict[str, Any]) -> dict[str, Any]:
-    """The machine's part of the report: the llama.cpp build, the GPU, memory and the CPU."""
+def _machine(
+    build: dict[str, Any], machine: Machine, cpu: dict[str, Any], clocks: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The machine's part of the report: the llama.cpp build, the GPU (and its clocks, None
+    where nvidia-smi gave none), memory and the CPU."""
     gpu, mem = machine.gpu, machine.mem
     host = _host_access() if build["cuda"] else None
     return {
@@ -178,6 +186,7 @@ def _machine(build: dict[str, Any], machine: Machine, cpu: dict[str, Any]) -> di
             "total": gpu.total,
             "free": gpu.free,
             "integrated": gpu.integrated,
+            "clocks": clocks,
         },
         "host_access": host,
         "pageable_memory_access": None if host is None else host.get("pageable_memory_access"),
@@ -321,6 +330,7 @@ def _text(d: dict[str, Any]) -> str:
     else:
         mem = "unified memory" if g["integrated"] else f"{fmt(g['free'] or 0)} free of {fmt(g['total'] or 0)}"
         lines.append(f"GPU            {g['name']}, driver {g['driver']}, {mem}")
+    lines.append(f"GPU clock      {_clock_line(g)}")
     if d["pageable_memory_access"] is not None:
         lines.append(f"pageable mem   {'yes (ATS/HMM)' if d['pageable_memory_access'] else 'no'}")
     c = d["cupy"]
@@ -361,6 +371,12 @@ def _text(d: dict[str, Any]) -> str:
     lines.extend(f"advice:  {a}" for a in d["recommendations"])
     lines.append("usable" if d["usable"] else "NOT usable")
     return "\n".join(lines)
+
+
+def _clock_line(gpu: dict[str, Any] | None) -> str:
+    if gpu is None:
+        return "none: no GPU is present"
+    return str(gpu["clocks"]["summary"]) if gpu["clocks"] else "not reported (nvidia-smi)"
 
 
 class _WarmProgress:

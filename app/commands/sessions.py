@@ -1,4 +1,4 @@
-"""`velo-chat sessions list|show|export|import|fork|delete|rename|search|compact`."""
+"""`velo-chat sessions list|show|export|import|fork|delete|rename|search|compact|undo`."""
 
 from __future__ import annotations
 
@@ -107,9 +107,37 @@ def _compact(store: SessionStore, args: argparse.Namespace) -> None:
     )
 
 
+def _undo(store: SessionStore, args: argparse.Namespace) -> int:
+    """`sessions undo ID [--turn N] [--force]`: a line on stdout per file put back or removed; a
+    file changed since the edit is one line on stderr, then the diff, and exit 2. Holds the
+    session's writer lock, as a turn does: a turn running meanwhile changes the same files."""
+    from ..tools.undo import undo  # only for this action
+
+    session_id = store.resolve_id(args.id)
+    with store.writer(session_id, on_wait=say_waiting(session_id)):
+        done = undo(store, session_id, turn=args.turn, force=args.force_undo)
+    if done.nothing:
+        which = "" if args.turn is None else f" from turn {args.turn} on"
+        print(f"velo-chat: nothing to undo in session {session_id[:8]}{which}", file=sys.stderr)
+        return 0
+    for path in done.restored:
+        print(f"restored {path}")
+    for path in done.removed:
+        print(f"removed {path}")
+    for conflict in done.conflicts:
+        print(
+            f"velo-chat: {conflict.path} changed since the edit; not restored (--force restores it)",
+            file=sys.stderr,
+        )
+        sys.stderr.write(conflict.diff)
+    return 2 if done.conflicts else 0
+
+
 def run(args: argparse.Namespace) -> int:
     with open_store() as store:
         action = args.sessions_command
+        if action == "undo":
+            return _undo(store, args)
         if action == "list":
             _list(store, args)
         elif action == "show":

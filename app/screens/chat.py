@@ -10,7 +10,8 @@ session, the session and copy actions), `ModelLoader` and `ThinkingChoice` (`cha
 loading the model, following its PLE table, the thinking key), `AttachedFiles`
 (`chat_files.py`: the chips above the composer, `/read`, `/pin`), `Queue` (`chat_queue.py`:
 messages typed while a reply streams, stored as drafts), `Compaction` (`chat_compact.py`:
-`/compact`, the fill warning, the continuation and the view marker). Revisions (`e` / `r` on a
+`/compact`, the fill warning, the continuation and the view marker), `ToolSteps`
+(`chat_tools.py`: tool approvals, a turn's tool steps in the transcript, `/undo`). Revisions (`e` / `r` on a
 focused message, Ctrl+R) are a `Revision` (`app/revisions.py`) sent as a turn with
 `revise_at`: the worker runs it in a fork. Textual's handlers and actions stay on the screen and
 call them.
@@ -52,6 +53,9 @@ from ..messages import (
     PrefillUpdated,
     PreviewReady,
     TokensStreamed,
+    ToolApprovalAsked,
+    ToolCallDone,
+    ToolStepBegan,
     TurnAccepted,
     TurnBegan,
     TurnEnded,
@@ -73,6 +77,7 @@ from .chat_model import ModelLoader, ThinkingChoice
 from .chat_compact import Compaction, compact_focus
 from .chat_files import PIN_COMMAND, READ_COMMAND, AttachedFiles, read_command_paths
 from .chat_queue import Queue
+from .chat_tools import ToolSteps
 from .chat_sessions import Copying, Sessions, header_text
 from .chat_turn import TurnView, resume_line
 
@@ -148,6 +153,20 @@ class ChatScreen(VeloScreen):
             resume_key=self.queue_key,
         )
         self.revising: Revision | None = None  # the message the composer's text will replace
+        self.tool_steps = ToolSteps(
+            self.app,
+            store=lambda: self.app.store,
+            transcript=lambda: self.query_one(Transcript),
+            panel=lambda: self.query_one(LivePanel),
+            turn_view=self.turn_view,
+            session=lambda: self.session,
+            busy=lambda: self.busy,
+            base=self.working_dir,
+            give_back=lambda text: self.query_one(Composer).give_back(text),
+            run_worker=self.run_worker,
+            show_thinking=lambda: self.app.profile.reasoning.show_thinking,
+            cursor_blink=self.app.cursor_blink,
+        )
         self.copying = Copying(
             transcript=lambda: self.query_one(Transcript),
             focused=lambda: self.focused,
@@ -220,6 +239,8 @@ class ChatScreen(VeloScreen):
         focus = compact_focus(event.text)
         if focus is not None:
             self._compact(focus, event.text)
+            return
+        if self.tool_steps.undo_command(event.text):
             return
         try:
             for command, pinned in ((READ_COMMAND, False), (PIN_COMMAND, True)):
@@ -321,6 +342,7 @@ class ChatScreen(VeloScreen):
         composer.focus()
         self._show_line(self._revise_line())
         self.request_preview()
+        self.tool_steps.offer_undo_before(revision.position)
 
     def _revise_line(self) -> str:
         assert self.revising is not None
@@ -532,7 +554,17 @@ class ChatScreen(VeloScreen):
     def on_engine_notice(self, msg: EngineNotice) -> None:
         self.notify(msg.message, severity="warning")
 
+    async def on_tool_approval_asked(self, msg: ToolApprovalAsked) -> None:
+        await self.tool_steps.approval_asked(msg)
+
+    async def on_tool_step_began(self, msg: ToolStepBegan) -> None:
+        await self.tool_steps.step_began(msg)
+
+    async def on_tool_call_done(self, msg: ToolCallDone) -> None:
+        await self.tool_steps.call_done(msg)
+
     async def on_turn_ended(self, msg: TurnEnded) -> None:
+        await self.tool_steps.turn_ended()
         await self.turn_view.ended(msg)
         self._end_busy()
         self.turn_view.tell(msg)
@@ -644,6 +676,7 @@ class ChatScreen(VeloScreen):
         self._gc_hold.release()
 
     def on_unmount(self) -> None:
+        self.tool_steps.close()
         self.stop_engine_work()
         self._gc_hold.release()
 

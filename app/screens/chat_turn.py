@@ -26,12 +26,15 @@ def resume_line(
 ) -> str:
     """The line under the composer between turns: what sending the draft would reuse and
     prefill (None: unknown) and its estimated time at this machine's measured prefill rate, how
-    many tokens the attached files add, and whether the next turn thinks (None: no switch)."""
+    many tokens the attached files add, and whether the next turn thinks (None: no switch).
+    A new session's first turn that reuses the system prompt saved by an earlier session says
+    so: "(system prompt)"."""
     line = ""
     if preview is not None:
         p = preview
         est = f" ≈ {p.est_prefill_s:.1f} s" if p.est_prefill_s is not None else ""
-        line = f"reuses {p.cached_tokens:,} cached tokens · prefills {p.prefill_tokens:,}{est}"
+        shared = " (system prompt)" if 0 < p.cached_tokens == p.shared_prefix_tokens else ""
+        line = f"reuses {p.cached_tokens:,} cached tokens{shared} · prefills {p.prefill_tokens:,}{est}"
         if p.source == "server":
             line = "remote: the server keeps its own prompt cache"
     if n_files:

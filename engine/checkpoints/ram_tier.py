@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..fit.memory_guard import MemoryGuard
 
 
 def usable_prefix(ckpt_tokens: np.ndarray, tokens: np.ndarray, *, exact: bool) -> int:
@@ -52,10 +56,17 @@ class RamEntry:
 
 
 class RamTier:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, guard: MemoryGuard | None = None) -> None:
+        """`guard`: asked before the tier grows (default: this machine's, which exists only
+        where the GPU shares the RAM: engine/fit/memory_guard.py)."""
         self.budget = budget_bytes
         self.entries: collections.OrderedDict[str, RamEntry] = collections.OrderedDict()
         self.used = 0
+        if guard is None:
+            from ..fit.memory_guard import machine_guard  # (engine/fit imports the engine)
+
+            guard = machine_guard()
+        self.guard = guard
 
     def put(self, key: str, tokens: np.ndarray, state: np.ndarray) -> bool:
         size = len(state)
@@ -67,6 +78,9 @@ class RamTier:
         while self.used + size > self.budget and self.entries:
             _, old = self.entries.popitem(last=False)
             self.used -= len(old.state)
+        held = [(k, len(e.state)) for k, e in self.entries.items()]
+        if self.guard is not None and not self.guard.admit(size, held, self.drop):
+            return False  # the memory the machine must keep free: skipped, with a warning
         self.entries[key] = RamEntry(tokens, state, key)
         self.used += size
         return True

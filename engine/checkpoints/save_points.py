@@ -14,6 +14,12 @@ placeholder next question (a reply with and one without reasoning) and takes the
 with this turn's tokens. The generation prompt and whatever the template rewrites later fall
 outside it. The prefill saves the state there; after the reply, `close_boundary` restores it and
 prefills the reply as the next turn will render it.
+
+`shared_point` is where every *new* session of a profile agrees: the system prompt (with the
+tools the template renders into it) up to where the first question's text begins
+(`PromptRenderer.shared_prefix`). A hybrid model reuses it only from a state saved exactly
+there, so the prefill saves one there the first time it passes it; then the first turn of every
+later session, in this process or after a restart, prefills only its own question.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from ..prompt.chat_template import ChatMessage, ChatTemplateError
-from ..live_sequence import common_prefix
+from ..live_sequence import RESTORE_MIN_GAIN, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -48,3 +54,17 @@ def stable_prefix(tokens_for: TokensFor, messages: Sequence[ChatMessage], tokens
             return 0
         n = min(n, common_prefix(tokens, after))
     return n
+
+
+def shared_point(shared: int, start: int, end: int, min_tokens: int) -> int | None:
+    """Where this turn's prefill (from `start` to `end`) saves the state of the shared prefix
+    (`shared` tokens of its prompt, `PromptRenderer.shared_prefix`), or None.
+
+    None when the turn starts at or past it (it was restored, or the live context holds it),
+    when it is not inside the prefill, or when it is shorter than `min_tokens` (the profile's
+    `min_prefill_tokens`) or `RESTORE_MIN_GAIN`: a conversation without a system prompt shares
+    only the template's opening, cheaper to prefill than a state is to copy. A state that is
+    saved already is not saved twice (`Checkpoints.save` skips its key)."""
+    if shared < max(min_tokens, RESTORE_MIN_GAIN) or not start < shared < end:
+        return None
+    return shared

@@ -5,12 +5,16 @@ set against what the machine has (docs/fit.md).
 and the profile into terms (weights by placement, KV cache, recurrent state, compute buffers,
 checkpoints, the PLE table), `machine` reads the memory the machine has, `report` decides and
 draws the table, and `residency` says how much of a file range is in the page cache.
+`memory_guard` keeps the margin free after the load where the GPU shares the RAM, and
+`gpu_clock` reads the GPU's clocks for doctor.
 """
 
 from ..scheduling.cpu_group import CpuGroup, neighbours_cores
 from ..scheduling.cpu_group import probe as probe_cpu_group
 from .sizes import fmt
-from .machine import Machine, cpu_flags, gpus, load_average, meminfo
+from .gpu_clock import GpuClocks, gpu_clocks
+from .machine import Machine, cpu_flags, gpus, llama_bindings, load_average, margin_bytes, meminfo
+from .memory_guard import MemoryGuard, machine_guard
 from .machine import probe as probe_machine
 from .model_facts import ModelFacts, read_facts
 from .report import FitReport
@@ -26,10 +30,16 @@ __all__ = [
     "fmt",
     # the machine
     "CpuGroup",
+    "GpuClocks",
     "Machine",
+    "MemoryGuard",
     "cpu_flags",
+    "gpu_clocks",
     "gpus",
+    "llama_bindings",
     "load_average",
+    "machine_guard",
+    "margin_bytes",
     "meminfo",
     "neighbours_cores",
     "probe_cpu_group",

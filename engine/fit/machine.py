@@ -5,6 +5,10 @@ memory plus the page cache and slab it can reclaim); it is the figure the fit ch
 with. On a GPU with unified memory (DGX Spark's GB10) the GPU allocates from the same RAM and
 CUDA's free-memory figure is not the one to trust, so the whole estimate is compared with
 `MemAvailable`; on a discrete GPU the GPU's terms are compared with its free memory.
+
+Such a machine also stalls instead of failing when its memory runs out (a DGX Spark neither
+swaps nor lets the OOM killer end one process: it livelocks until it is power cycled), so there
+the check keeps a margin free beside everything it counts (`margin_bytes`, docs/fit.md).
 """
 
 from __future__ import annotations
@@ -14,13 +18,26 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from ..scheduling.threads import usable_cores
 
 log = logging.getLogger(__name__)
 
-MEMINFO = Path("/proc/meminfo")
+MEMINFO = Path("/proc/meminfo")  # read at each call: a test points it at a file of its own
 CPUINFO = Path("/proc/cpuinfo")
+
+MARGIN_FLOOR = 4 << 30
+MARGIN_SHARE = 20  # 1/20: 5% of the RAM
+
+
+def margin_bytes(mem_total: int) -> int:
+    """What must stay available on a machine whose GPU shares its RAM: max(4 GiB, 5% of the
+    RAM). The kernel, the desktop and whatever else runs keep allocating after the check (a
+    browser tab, a build, the page cache's own bookkeeping), and there running out means a
+    power cycle, not an error: the floor covers a small machine's desktop, the share grows
+    with what a big machine runs beside the model."""
+    return max(MARGIN_FLOOR, mem_total // MARGIN_SHARE)
 
 
 @dataclass(frozen=True)
@@ -32,11 +49,11 @@ class MemInfo:
     cached: int
 
 
-def meminfo(path: Path = MEMINFO) -> MemInfo:
-    """Bytes from /proc/meminfo (zeros where a field is missing)."""
+def meminfo(path: Path | None = None) -> MemInfo:
+    """Bytes from /proc/meminfo, or from `path` (zeros where a field is missing)."""
     fields: dict[str, int] = {}
     try:
-        text = path.read_text()
+        text = (path or MEMINFO).read_text()
     except OSError:
         text = ""
     for line in text.splitlines():
@@ -123,18 +140,41 @@ class Machine:
         """GPU allocations come out of system RAM (or there is no GPU)."""
         return self.gpu is None or self.gpu.integrated or not self.gpu_offload
 
+    @property
+    def shared_with_gpu(self) -> bool:
+        """The machine's GPU has no memory of its own (GB10): whatever the llama.cpp build,
+        running out of RAM stalls the whole machine."""
+        return self.gpu is not None and self.gpu.integrated
+
+    @property
+    def margin(self) -> int:
+        """Bytes that must stay available after a load (`margin_bytes`); 0 where running out
+        fails a process instead of stalling the machine."""
+        return margin_bytes(self.mem.total) if self.shared_with_gpu else 0
+
 
 def llama_gpu_offload() -> bool:
-    """Whether the installed llama.cpp can offload layers to a GPU (a CUDA/Metal/... build)."""
-    from llama_cpp import llama_cpp as ll
+    """Whether the installed llama.cpp can offload layers to a GPU (a CUDA/Metal/... build).
 
-    return bool(ll.llama_supports_gpu_offload())
+    Asking initialises ggml's backends, and CUDA's logs a banner then: the log goes through
+    ours first (`llama_bindings`)."""
+    return bool(llama_bindings().llama_supports_gpu_offload())
 
 
-def probe() -> Machine:
+def llama_bindings() -> ModuleType:
+    """llama-cpp-python's `llama_cpp.llama_cpp`, with llama.cpp's log routed into ours first:
+    call through this wherever a command may be the first to touch llama.cpp."""
+    from ..llama import log as llama_log
+
+    return llama_log.bindings()
+
+
+def probe(meminfo_path: Path | None = None) -> Machine:
+    """The machine now. The GPU is looked for whatever the build: a Spark's RAM is shared with
+    its GPU, and stalls when it runs out, even when llama.cpp runs on its CPU alone."""
     offload = llama_gpu_offload()
-    found = gpus() if offload else []
-    return Machine(meminfo(), offload, found[0] if found else None)
+    found = gpus()
+    return Machine(meminfo(meminfo_path), offload, found[0] if found else None)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,25 @@ class FitReport:
         return self._sum((CACHE,))
 
     @property
+    def margin(self) -> int:
+        """What must stay available beside what the load needs: where the GPU shares the RAM,
+        running out stalls the machine (`machine.margin_bytes`); 0 elsewhere."""
+        return self.machine.margin
+
+    @property
+    def in_use(self) -> int:
+        """What the rest of the machine holds now (MemTotal - MemAvailable)."""
+        mem = self.machine.mem
+        return max(mem.total - mem.available, 0)
+
+    @property
+    def short(self) -> int:
+        """Bytes of RAM missing for the load and the margin (0 when there is enough)."""
+        return max(self.ram_needed + self.margin - self.ram_available, 0)
+
+    @property
     def fits(self) -> bool:
-        if self.ram_needed > self.ram_available:
+        if self.short:
             return False
         avail = self.gpu_available
         return not (self.separate_gpu and avail is not None and self.gpu_needed > avail)
@@ -78,8 +95,16 @@ class FitReport:
     # -- for people ------------------------------------------------------------------------------
 
     def summary(self) -> str:
-        """One line: what is needed against what is there."""
-        line = f"{self.profile}: needs {fmt(self.ram_needed)} of RAM, {fmt(self.ram_available)} available"
+        """One line: what is needed against what is there (and, where the GPU shares the RAM,
+        the margin that must stay free beside it)."""
+        if self.margin:
+            line = (
+                f"{self.profile}: needs {fmt(self.ram_needed)} of RAM and {fmt(self.margin)} left "
+                f"free beside it (the GPU shares the RAM: running out stalls the machine), "
+                f"{fmt(self.ram_available)} available now"
+            )
+        else:
+            line = f"{self.profile}: needs {fmt(self.ram_needed)} of RAM, {fmt(self.ram_available)} available"
         if self.separate_gpu:
             avail = self.gpu_available
             line += f"; {fmt(self.gpu_needed)} of GPU memory, " + (
@@ -103,8 +128,14 @@ class FitReport:
             f"  {'needed in RAM':<{width}}  {'':<17} {fmt(self.ram_needed):>11}  "
             f"the {rows} + {fmt(RESERVE)} kept free"
         )
+        if self.margin:
+            lines.append(
+                f"  {'margin':<{width}}  {'':<17} {fmt(self.margin):>11}  max(4 GiB, 5% of RAM) "
+                "to stay available: the GPU shares the RAM, and running out stalls the machine"
+            )
         lines.append(
             f"  {'available':<{width}}  {'':<17} {fmt(self.ram_available):>11}  MemAvailable (/proc/meminfo)"
+            + (f"; the rest of the machine uses {fmt(self.in_use)}" if self.margin else "")
         )
         if self.separate_gpu:
             avail = self.gpu_available
@@ -131,6 +162,8 @@ class FitReport:
             where = f", {t.place}" if t.place != RAM else ""
             lines.append(f"{fmt(t.bytes):>11}  {t.label}{where}")
         lines.append(f"{fmt(self.ram_needed):>11}  needed in RAM ({fmt(RESERVE)} kept free included)")
+        if self.margin:
+            lines.append(f"{fmt(self.margin):>11}  margin to stay available (the GPU shares the RAM)")
         lines.append(f"{fmt(self.ram_available):>11}  available (MemAvailable)")
         if self.separate_gpu:
             avail = self.gpu_available
@@ -150,6 +183,7 @@ class FitReport:
             "ram_available": self.ram_available,
             "mem_available": self.machine.mem.available,
             "reserve": RESERVE,
+            "margin": self.margin,
             "separate_gpu": self.separate_gpu,
             "gpu_needed": self.gpu_needed,
             "gpu_available": self.gpu_available,
@@ -193,7 +227,16 @@ def check(profile: Profile, model_path: Path, machine: Machine) -> FitReport:
     report = _report(profile, facts, machine, ple_gpu)
     if report.fits:
         return report
-    return dataclasses.replace(report, suggestions=tuple(_suggest(profile, facts, machine, ple_gpu)))
+    settings = _suggest(profile, facts, machine, ple_gpu)
+    return dataclasses.replace(report, suggestions=(*_free_memory(report), *settings))
+
+
+def _free_memory(report: FitReport) -> list[str]:
+    """Where the GPU shares the RAM and the machine holds enough that closing programs would
+    be enough on its own: how much to free."""
+    if not report.margin or report.short > report.in_use:
+        return []
+    return [f"close programs to free {fmt(report.short)} (the rest of the machine uses {fmt(report.in_use)})"]
 
 
 def _with(profile: Profile, section: str, **changes: object) -> Profile:

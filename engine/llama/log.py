@@ -16,6 +16,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from ..config import locations
 
@@ -86,7 +87,15 @@ def lines() -> Iterator[list[str]]:
 
 
 def install() -> None:
-    """Install the logging callback once per process (idempotent, thread-safe)."""
+    """Install the logging callback once per process (idempotent, thread-safe).
+
+    It must come before anything initialises ggml's backends: the first call that asks about
+    devices (`llama_supports_gpu_offload`, `llama_print_system_info`, a model load) registers
+    them, and CUDA's registration logs its banner ("ggml_cuda_init: found 1 CUDA devices" and
+    a line per device) through whatever callback is set then: llama-cpp-python's prints to
+    stderr. `llama_log_set` sets ggml's callback too (`ggml_log_set`), which is the one those
+    lines go through. So code that may be a command's first to touch llama.cpp takes the
+    bindings from `bindings()`."""
     with _lock:
         if _installed:
             return
@@ -103,6 +112,14 @@ def install() -> None:
         ll.llama_log_set(_callback, ctypes.c_void_p(0))
         ll.llama_backend_init()
         _installed.append(_callback)
+
+
+def bindings() -> ModuleType:
+    """llama-cpp-python's `llama_cpp.llama_cpp`, once our callback is installed."""
+    install()
+    from llama_cpp import llama_cpp as ll
+
+    return ll
 
 
 def last_error() -> str:

@@ -187,16 +187,20 @@ class LlamaModel:
     def chat_template(self) -> ChatTemplate:
         """The model's own template (raises ChatTemplateError if the GGUF has none)."""
         if self._template is None:
-            raw = self._ll.llama_model_chat_template(self.model, None)
-            source = raw.decode("utf-8") if raw else None
             self._template = ChatTemplate(
-                source,
+                self.chat_template_source,
                 bos_token=self.token_text(self.bos_id) if self.bos_id >= 0 else "",
                 eos_token=self.token_text(self.eos_id) if self.eos_id >= 0 else "",
                 model_name=self.path.name,
                 protected=self.prompt_tokenizer.special.protected_texts,
             )
         return self._template
+
+    @property
+    def chat_template_source(self) -> str | None:
+        """The Jinja source of the model's chat template (None: the GGUF has none)."""
+        raw = self._ll.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8") if raw else None
 
     def tokenize_segments(self, segments: Sequence[Segment]) -> list[int]:
         """Tokens for a rendered chat: scaffolding with control tokens, message text as plain

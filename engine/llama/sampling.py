@@ -2,7 +2,8 @@
 
 Sampling runs in C on llama.cpp's own logits: no per-token copy of the logits array into numpy.
 Temperature 0 is plain greedy (deterministic); otherwise the usual chain
-penalties -> top_k -> top_p -> min_p -> temperature -> dist(seed).
+penalties -> top_k -> top_p -> min_p -> temperature -> dist(seed), with a tool-call grammar
+(`tools/grammar.py`) in front of it when the turn has one.
 """
 
 from __future__ import annotations
@@ -10,11 +11,32 @@ from __future__ import annotations
 import ctypes
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..config.profile_schema import SamplingSettings
+from ..tools.grammar import Grammar, check_patterns
 from .context import DecodeError
+
+
+def _grammar_sampler(ll: Any, grammar: Grammar, vocab: object) -> object:
+    """llama.cpp's grammar sampler for `grammar` (lazy when it has triggers)."""
+    if not vocab:
+        raise ValueError("a grammar needs the model's vocabulary (vocab=)")
+    check_patterns(grammar.triggers)
+    text, root = grammar.gbnf.encode(), b"root"
+    if grammar.lazy:
+        patterns = (ctypes.c_char_p * len(grammar.triggers))(*(p.encode() for p in grammar.triggers))
+        no_tokens = (ll.llama_token * 0)()
+        sampler = ll.llama_sampler_init_grammar_lazy_patterns(
+            vocab, text, root, patterns, len(grammar.triggers), no_tokens, 0
+        )
+    else:
+        sampler = ll.llama_sampler_init_grammar(vocab, text, root)
+    if not sampler:
+        raise ValueError("llama.cpp rejected the tool-call grammar (its parser's error is in the log)")
+    return sampler
 
 
 def _addr_fn(ll: object) -> Callable[[object, int], int | None]:
@@ -27,16 +49,50 @@ def _addr_fn(ll: object) -> Callable[[object, int], int | None]:
 
 
 class Sampler:
-    def __init__(self, settings: SamplingSettings, n_vocab: int, recent_tokens: Sequence[int] = ()) -> None:
+    """The chain for one turn. With a `grammar` (`tools/grammar.py`), llama.cpp's grammar
+    sampler comes first in the chain, so every later step (top-k, the draw) only sees tokens
+    the grammar allows; a lazy grammar lets everything through until a trigger matches.
+
+    llama.cpp aborts the process (it does not raise) when the grammar is made to accept a
+    token it rejects, an end-of-generation token before the grammar is complete included.
+    A token this chain samples is always one the grammar allowed, so the rule for callers is:
+    feed the chain only tokens it sampled (`sample`/`pick`), never tokens from elsewhere
+    (a prompt, a draft that was not verified by `pick`). `recent_tokens` only reach the
+    repeat penalty, never the grammar."""
+
+    def __init__(
+        self,
+        settings: SamplingSettings,
+        n_vocab: int,
+        recent_tokens: Sequence[int] = (),
+        grammar: Grammar | None = None,
+        vocab: object = None,
+    ) -> None:
+        """`vocab`: the model's `llama_vocab` pointer, needed with a `grammar` (the grammar
+        sampler reads token texts from it). Raises ValueError for a grammar llama.cpp does
+        not accept (its parser's message goes to the log)."""
         from llama_cpp import llama_cpp as ll
 
         self._ll = ll
         self.settings = settings
+        self.grammar = grammar
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         s = settings
-        if s.repeat_penalty != 1.0 and s.repeat_last_n > 0:
-            add(ll.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0))
+        self._grammar: object | None = None  # the chain's grammar sampler (the chain owns it)
+        if grammar is not None:
+            try:
+                self._grammar = _grammar_sampler(ll, grammar, vocab)
+            except ValueError:
+                ll.llama_sampler_free(chain)
+                raise
+            add(self._grammar)
+        penalties = s.repeat_penalty != 1.0 and s.repeat_last_n > 0
+        if penalties:
+            penalty = ll.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0)
+            for tok in list(recent_tokens)[-s.repeat_last_n :]:
+                ll.llama_sampler_accept(penalty, tok)  # this sampler only: not the grammar
+            add(penalty)
         if s.temperature <= 0.0:
             add(ll.llama_sampler_init_greedy())
             self.seed = None
@@ -52,16 +108,14 @@ class Sampler:
             add(ll.llama_sampler_init_dist(self.seed))
         self.chain = chain
         # a chain that is greedy alone: `pick` reads the argmax straight from the logits
-        penalties = s.repeat_penalty != 1.0 and s.repeat_last_n > 0
-        self._row = ctypes.POINTER(ctypes.c_float * n_vocab) if self.seed is None and not penalties else None
+        # (never with a grammar: the argmax may be a token the grammar rejects)
+        greedy_alone = self.seed is None and not penalties and grammar is None
+        self._row = ctypes.POINTER(ctypes.c_float * n_vocab) if greedy_alone else None
         # the logits row's address -> a numpy view of it: llama.cpp keeps its logits buffer
         # between steps (it reallocates only for a batch with more outputs), so a step finds
         # the view it had instead of building one (a few microseconds of a token's budget)
         self._views: dict[int, np.ndarray] = {}
         self._logits_addr = _addr_fn(ll)
-        if s.repeat_penalty != 1.0:
-            for tok in list(recent_tokens)[-s.repeat_last_n :]:
-                ll.llama_sampler_accept(chain, tok)
 
     def sample(self, ctx: object, i: int = -1) -> int:
         """Pick the next token from the logits of output `i` of the last batch (-1: the last)
@@ -88,6 +142,27 @@ class Sampler:
     def pick(self, ctx: object, i: int) -> int:
         """`sample(ctx, i)` for a speculation verify batch's positions (up to 17 a step)."""
         return self.sample(ctx, i)
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar lets `token` come next (always, without a grammar, or while a
+        lazy grammar waits for its trigger)."""
+        if self._grammar is None:
+            return True
+        ll = self._ll
+        data = (ll.llama_token_data * 1)(ll.llama_token_data(token, 0.0, 0.0))
+        candidates = ll.llama_token_data_array(data, 1, -1, False)
+        ll.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+        return data[0].logit != float("-inf")
+
+    def accept(self, token: int) -> None:
+        """Record `token` as the next one of the reply although the chain did not sample it
+        (text the engine writes into the reply itself, such as the closing of a reasoning
+        block): the grammar advances over it, a lazy one may trigger on it. A token the
+        grammar does not allow raises ValueError here rather than reaching llama.cpp, which
+        would abort the process."""
+        if not self.allows(token):
+            raise ValueError(f"token {token} does not fit the tool-call grammar at this point")
+        self._ll.llama_sampler_accept(self.chain, token)
 
     def close(self) -> None:
         if self.chain:

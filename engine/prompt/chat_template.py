@@ -10,8 +10,9 @@ each message's text, so message text never becomes control tokens (`segments.py`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..errors import ChatTemplateError
 from . import template_env
 from .segments import PromptSplitter, Segment
 from .thinking import ThinkingSupport, inspect_template
+from ..tools.formats import ToolFormat, detect_format
 from ..tools.types import ToolCall
 
 _SPLIT_METHODS = {"split", "rsplit", "partition", "rpartition"}
@@ -127,7 +129,7 @@ class ChatTemplate:
         try:
             return self._template.render(
                 **{**self._defaults(), **(variables or {})},
-                messages=_message_dicts(messages, texts),
+                messages=_message_dicts(messages, texts, self._format_for(messages)),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -158,6 +160,18 @@ class ChatTemplate:
             )
         )
 
+    def _format_for(self, messages: Sequence[ChatMessage]) -> ToolFormat | None:
+        """The tool format, looked for only once a conversation has calls or results."""
+        if any(m.tool_calls or m.role == "tool" for m in messages):
+            return self.tool_format
+        return None
+
+    @functools.cached_property
+    def tool_format(self) -> ToolFormat | None:
+        """How this template writes tool calls (`tools/formats.py`); None: it renders none
+        that velo-chat knows, and assistant messages' calls go to it in OpenAI's shape."""
+        return detect_format(self._source)
+
     @functools.cached_property
     def thinking(self) -> ThinkingSupport:
         """The template's thinking controls and reasoning markers (`thinking.py`)."""
@@ -171,18 +185,83 @@ class ChatTemplate:
 
 def _texts(messages: Sequence[ChatMessage]) -> list[str]:
     """The message texts the segmenter looks for: every message's content, then the reasoning
-    of the replies that have one (in message order)."""
-    return [m.content for m in messages] + [m.reasoning_content for m in messages if m.reasoning_content]
+    of the replies that have one (in message order), then each tool call's name and the
+    strings in its arguments (nested ones too; in message, call and argument order), so text a
+    model wrote into a call never becomes a control token either. Argument keys are not among
+    them (the grammar keeps them to the declared parameter names)."""
+    out = [m.content for m in messages] + [m.reasoning_content for m in messages if m.reasoning_content]
+    for m in messages:
+        for call in m.tool_calls:
+            out.append(call.name)
+            out.extend(_strings(call.arguments))
+    return out
 
 
-def _message_dicts(messages: Sequence[ChatMessage], texts: Sequence[str]) -> list[dict[str, str]]:
+def _strings(value: Any) -> list[str]:
+    """The strings in a JSON-like value, in order (a mapping's values, a list's items)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _with_strings(value: Any, texts: Iterator[str]) -> Any:
+    """`value` with its strings replaced, in `_strings` order, by the next of `texts` (an empty
+    one stays empty: see `_message_dicts`)."""
+    if isinstance(value, str):
+        text = next(texts)
+        return text if value else ""
+    if isinstance(value, Mapping):
+        return {k: _with_strings(v, texts) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_with_strings(v, texts) for v in value]
+    return value
+
+
+def _call_dict(call: ToolCall, fmt: ToolFormat | None) -> dict[str, Any]:
+    """A call as the template reads it: its format's shape, or OpenAI's when the template has
+    no known format (a template that reads `tool_calls` expects that one)."""
+    if fmt is not None:
+        return fmt.call_dict(call)
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": dict(call.arguments)},
+    }
+
+
+def _message_dicts(
+    messages: Sequence[ChatMessage], texts: Sequence[str], fmt: ToolFormat | None = None
+) -> list[dict[str, Any]]:
     """The `messages` a template sees, with `texts` (as `_texts` orders them) for the text.
-    `reasoning_content` is there only when a reply has reasoning, as in HF's chat messages."""
-    reasoning = iter(texts[len(messages) :])
+    `reasoning_content` is there only when a reply has reasoning, and `tool_calls` only when
+    it made calls, as in HF's chat messages (templates test `tool_calls is defined`); a tool's
+    result carries `tool_call_id` (as the format needs ids) and the tool's `name`.
+
+    An empty text stays empty whatever `texts` holds: templates test it (`{% if message.content
+    %}` before a reply's calls), so the segmenter's marker in its place would render a
+    different structure and the alignment would fail."""
+    n_reasoning = sum(1 for m in messages if m.reasoning_content)
+    reasoning = iter(texts[len(messages) : len(messages) + n_reasoning])
+    in_calls = iter(texts[len(messages) + n_reasoning :])
     out = []
     for m, content in zip(messages, texts, strict=False):
-        d = {"role": m.role, "content": content}
+        d: dict[str, Any] = {"role": m.role, "content": content if m.content else ""}
         if m.reasoning_content:
             d["reasoning_content"] = next(reasoning)
+        if m.tool_calls:
+            calls = []
+            for call in m.tool_calls:
+                name = next(in_calls)
+                name = name if call.name else ""
+                arguments = _with_strings(call.arguments, in_calls)
+                calls.append(_call_dict(dataclasses.replace(call, name=name, arguments=arguments), fmt))
+            d["tool_calls"] = calls
+        if m.role == "tool":
+            d["tool_call_id"] = fmt.template_id(m.tool_call_id) if fmt is not None else m.tool_call_id
+            d["name"] = m.name
         out.append(d)
     return out

@@ -21,6 +21,7 @@ real text; they contain no whitespace, so `strip` and `trim` leave them intact.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -111,6 +112,8 @@ class PromptSplitter:
     def _variants(self, text: str) -> list[str]:
         """What a template may have made of a message's text, most faithful first."""
         bases = [text] + [text.split(s)[-1] for s in self.separators if s in text]
+        # inside a JSON string (`tojson`: tool calls' arguments, some templates' tool results)
+        bases.append(json.dumps(text, ensure_ascii=False)[1:-1])
         out: list[str] = []
         for b in bases:
             for v in (b, b.strip(), b.lstrip(), b.rstrip(), b.strip("\n"), b.lstrip("\n"), b.rstrip("\n")):

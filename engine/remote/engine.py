@@ -6,7 +6,8 @@ a server still busy after the retries — raises a one-line `RemoteError` before
 anything, and the user's text stays where it was. Once the stream runs, its events are the local
 engine's: `TurnStarted`, `PrefillProgress` (llama-server's `return_progress`), `TokenDelta`
 (answer and reasoning apart), `TurnDone` with stats from what the server reports (llama-server's
-`timings`, the final `usage` chunk of vLLM and others) and what the client measured (TTFT, tok/s).
+`timings`, the final `usage` chunk of vLLM and others) and what the client measured (TTFT, tok/s),
+and the calls the reply made (`TurnDone.tool_calls`, put together from `delta.tool_calls`: tools.py).
 A stream cut in the middle, or a chunk that is not JSON, ends the turn with the text so far kept
 (`TurnDone`, finish "interrupted", after a warning); cancelling closes the stream.
 """
@@ -18,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..api import EngineFacts, Turn
@@ -29,22 +30,17 @@ from ..events import (
     EngineWarning,
     ModelLoaded,
     ModelLoading,
-    PrefillProgress,
     ResumePreview,
-    ServerStats,
-    TokenDelta,
-    TurnDone,
     TurnFailed,
     TurnStarted,
-    TurnStats,
 )
 from ..prompt.thinking import ThinkingSupport, requested
-from ..reply import Reply
+from ..tools.types import ToolSpec
 from .errors import RemoteError, describe, import_openai
+from .stream import StreamReader, chunks
+from .tools import message_dicts, tool_fields
 
 log = logging.getLogger(__name__)
-
-FINISH = {"stop": "stop", "length": "length", "eos": "stop", "tool_calls": "stop", "content_filter": "stop"}
 
 
 def api_key(profile: Profile) -> str | None:
@@ -64,8 +60,12 @@ def request_body(
     messages: Sequence[ChatMessage],
     sampling: SamplingSettings,
     reasoning: ReasoningSettings,
+    *,
+    tools: Sequence[ToolSpec] = (),
+    tool_choice: str = "auto",
 ) -> dict[str, Any]:
-    """The streamed chat-completions request. Standard fields go as the SDK's arguments;
+    """The streamed chat-completions request. Standard fields (and `tools`, `tool_choice` when
+    tools are offered, and the messages' calls and results: tools.py) go as the SDK's arguments;
     llama-server's and vLLM's extensions (keep the prompt cache, report prefill progress, top-k,
     min-p, the template's thinking switch, the thinking budget) go in `extra_body`, which other
     servers ignore.
@@ -75,12 +75,6 @@ def request_body(
     `thinking_budget_tokens` (and `thinking_budget_message`) per request and closes the
     reasoning itself; a server that knows neither field ignores it, and `TurnStats` cannot say
     whether it cut (`reasoning_budget_hit` stays false)."""
-    convo = []
-    for m in messages:
-        entry: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.role == "assistant" and m.reasoning_content:
-            entry["reasoning_content"] = m.reasoning_content
-        convo.append(entry)
     extra: dict[str, Any] = {"cache_prompt": True, "return_progress": True}
     if sampling.top_k:
         extra["top_k"] = sampling.top_k
@@ -102,7 +96,7 @@ def request_body(
             extra["thinking_budget_message"] = reasoning.budget_message
     body: dict[str, Any] = {
         "model": model,
-        "messages": convo,
+        "messages": message_dicts(messages),
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_tokens": sampling.max_tokens,
@@ -112,6 +106,7 @@ def request_body(
     }
     if sampling.seed >= 0:
         body["seed"] = sampling.seed
+    body.update(tool_fields(tools, tool_choice))
     return body
 
 
@@ -200,8 +195,16 @@ class RemoteEngine(EngineFacts):
         """The server's tokenizer is not reachable through the OpenAI API: unknown."""
         return None
 
+    def tool_format(self) -> str | None:
+        """The API's own: the server renders the definitions and parses the calls."""
+        return "openai"
+
     def preview(
-        self, messages: Sequence[ChatMessage], *, reasoning: ReasoningSettings | None = None
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        reasoning: ReasoningSettings | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> ResumePreview:
         """The server keeps its own prompt cache; nothing is known before the request."""
         return ResumePreview(0, 0, 0, "server", None)
@@ -214,9 +217,20 @@ class RemoteEngine(EngineFacts):
         reasoning: ReasoningSettings | None = None,
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
     ) -> Turn:
+        """A streamed request; with `tools`, the server may answer with calls (`tool_choice`
+        "auto", "required" or "none", as the API has them). A server started without tool
+        support refuses such a request: that is the `RemoteError` this raises."""
         return self._turn(
-            messages, sampling=sampling, reasoning=reasoning, max_tokens=max_tokens, cancel=cancel
+            messages,
+            sampling=sampling,
+            reasoning=reasoning,
+            max_tokens=max_tokens,
+            cancel=cancel,
+            tools=tools,
+            tool_choice=tool_choice,
         )
 
     def _turn(
@@ -228,6 +242,8 @@ class RemoteEngine(EngineFacts):
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
         ignore_eos: bool = False,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: str = "auto",
     ) -> Turn:
         """`turn`, and `ignore_eos` asks the server to decode past end-of-generation tokens
         (`velo-chat bench`'s decode section, through `diagnostics.turn_past_eos`)."""
@@ -237,7 +253,13 @@ class RemoteEngine(EngineFacts):
         if max_tokens is not None:
             settings = dataclasses.replace(settings, max_tokens=max_tokens)
         body = request_body(
-            self._profile, self._model, messages, settings, reasoning or self._profile.reasoning
+            self._profile,
+            self._model,
+            messages,
+            settings,
+            reasoning or self._profile.reasoning,
+            tools=tools,
+            tool_choice=tool_choice,
         )
         if ignore_eos:
             body["extra_body"]["ignore_eos"] = True
@@ -247,17 +269,19 @@ class RemoteEngine(EngineFacts):
         except Exception as exc:
             raise self._describe(exc) from None
         stop = cancel or threading.Event()
-        return Turn(self._events(stream, stop, t_start), stop, 0)
+        return Turn(self._events(stream, stop, t_start, tuple(tools)), stop, 0)
 
-    def _events(self, stream: Any, cancel: threading.Event, t_start: float) -> Iterator[EngineEvent]:
-        reader = _StreamReader(t_start)
+    def _events(
+        self, stream: Any, cancel: threading.Event, t_start: float, tools: tuple[ToolSpec, ...]
+    ) -> Iterator[EngineEvent]:
+        reader = StreamReader(t_start, tools)
         yield TurnStarted(0, 0, 0, "server")
         try:
-            for chunk in _chunks(stream, cancel):
+            for chunk in chunks(stream, cancel):
                 yield from reader.feed(chunk)
         except Exception as exc:  # cut, garbage, timeout mid-stream: keep what came
             reason = str(self._describe(exc))
-            if not reader.reply.text and not reader.reply.reasoning:
+            if not reader.reply.text and not reader.reply.reasoning and not reader.calls:
                 yield TurnFailed(reason, "", "")
                 return
             yield EngineWarning(f"the reply was cut: {reason}")
@@ -290,104 +314,3 @@ class RemoteEngine(EngineFacts):
             except Exception:  # closing must never fail a quit
                 log.debug("closing the HTTP client failed", exc_info=True)
         return True
-
-
-def _chunks(stream: Any, cancel: threading.Event) -> Iterator[dict[str, Any]]:
-    for chunk in stream:
-        if cancel.is_set():
-            return
-        yield chunk.to_dict() if hasattr(chunk, "to_dict") else dict(chunk)
-        if cancel.is_set():
-            return
-
-
-class _StreamReader:
-    """Turns chunks into events and keeps what the stats need."""
-
-    def __init__(self, t_start: float) -> None:
-        self.t_start = t_start
-        self.reply = Reply()  # the streamed pieces: each a `TokenDelta`
-        self.finish: str | None = None
-        self.usage: dict[str, Any] = {}
-        self.timings: dict[str, Any] = {}
-        self.progress: dict[str, Any] = {}
-
-    def feed(self, chunk: Mapping[str, Any]) -> Iterator[EngineEvent]:
-        now = time.perf_counter()
-        if chunk.get("usage"):
-            self.usage = dict(chunk["usage"])
-        if chunk.get("timings"):
-            self.timings = dict(chunk["timings"])
-        progress = chunk.get("prompt_progress")
-        if isinstance(progress, Mapping):
-            self.progress = dict(progress)
-            total = int(progress.get("total", 0)) - int(progress.get("cache", 0))
-            done = int(progress.get("processed", 0)) - int(progress.get("cache", 0))
-            secs = float(progress.get("time_ms", 0.0)) / 1000.0
-            rate = done / secs if secs > 0 else 0.0
-            yield PrefillProgress(done, total, rate, (total - done) / rate if rate > 0 else 0.0)
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
-            answer = delta.get("content") or ""
-            if thought:
-                yield self.reply.add(TokenDelta("", -1, now, thought, True))
-            if answer:
-                yield self.reply.add(TokenDelta(answer, -1, now))
-            if choice.get("finish_reason"):
-                self.finish = FINISH.get(choice["finish_reason"], str(choice["finish_reason"]))
-
-    def done(self) -> TurnDone:
-        end = time.perf_counter()
-        t, u, reply = self.timings, self.usage, self.reply
-        pieces = reply.n_tokens
-        decode_tokens = int(u.get("completion_tokens") or t.get("predicted_n") or pieces)
-        cached = int(t.get("cache_n") or (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        prompt_tokens = int(u.get("prompt_tokens") or (t.get("prompt_n", 0) + t.get("cache_n", 0)) or 0)
-        t_first, t_last = reply.t_first, reply.t_last
-        span = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
-        client_rate = (pieces - 1) / span if pieces > 1 and span > 0 else 0.0
-        stats = TurnStats(
-            ttft_s=(t_first - self.t_start) if t_first is not None else 0.0,
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached,
-            prefill_tokens=max(prompt_tokens - cached, 0),
-            prefill_s=float(t.get("prompt_ms", 0.0)) / 1000.0,
-            prefill_tok_s=float(t.get("prompt_per_second") or 0.0),
-            decode_tokens=decode_tokens,
-            decode_s=span,
-            decode_tok_s=float(t.get("predicted_per_second") or client_rate),
-            total_s=end - self.t_start,
-            finish_reason=self.finish or "stop",
-            source="server" if cached else "none",
-            reasoning_tokens=reply.n_reasoning if not u else min(reply.n_reasoning, decode_tokens),
-            first_answer_s=(reply.t_first_answer - self.t_start)
-            if reply.t_first_answer is not None
-            else None,
-            backend="remote",
-            server=_server_stats(t, u, client_rate),
-        )
-        return TurnDone(reply.text, stats, reply.reasoning)
-
-
-def _server_stats(t: Mapping[str, Any], usage: Mapping[str, Any], client_rate: float) -> ServerStats:
-    """What the server reported: llama.cpp's server sends `timings`, most servers `usage`."""
-
-    def count(key: str) -> int | None:
-        return int(t[key]) if key in t else None
-
-    def number(key: str) -> float | None:
-        return t[key] if key in t else None  # as sent (an integer stays one)
-
-    return ServerStats(
-        client_tok_s=round(client_rate, 2),
-        prompt_n=count("prompt_n"),
-        cache_n=count("cache_n"),
-        prompt_ms=number("prompt_ms"),
-        prompt_per_second=number("prompt_per_second"),
-        predicted_ms=number("predicted_ms"),
-        predicted_per_second=number("predicted_per_second"),
-        draft_n=count("draft_n"),
-        draft_n_accepted=count("draft_n_accepted"),
-        usage=dict(usage) if usage else None,
-    )

@@ -136,9 +136,9 @@ def preview_plan(profile: Profile, model_path: Path | None) -> tuple[ThreadPlan,
     gpu = False
     if n_gpu != 0:
         try:
-            from llama_cpp import llama_cpp as ll
+            from ..llama.log import bindings  # our log first: asking may start CUDA's banner
 
-            supports = bool(ll.llama_supports_gpu_offload())
+            supports = bool(bindings().llama_supports_gpu_offload())
         except (ImportError, OSError) as exc:  # pragma: no cover - a broken install
             supports, note = False, f"llama.cpp not loadable: {exc}"
         if not supports:

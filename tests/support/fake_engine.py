@@ -114,7 +114,10 @@ class FakeEngine(EngineFacts):
     def count_tokens(self, text: str) -> int | None:
         return len(text) // 4
 
-    def preview(self, messages, *, reasoning=None) -> ResumePreview:
+    def tool_format(self) -> str | None:
+        return None
+
+    def preview(self, messages, *, reasoning=None, tools=()) -> ResumePreview:
         if self.script.preview_error is not None:
             raise self.script.preview_error
         n = self._count(messages)
@@ -129,6 +132,8 @@ class FakeEngine(EngineFacts):
         reasoning=None,
         max_tokens=None,
         cancel=None,
+        tools=(),
+        tool_choice="auto",
     ) -> Turn:
         n = self._count(messages)
         if n > self.script.prompt_limit:

@@ -3,7 +3,9 @@ cached vs prefilled tokens and where the state came from, context fill and turns
 speculation, and process memory. When the model thinks: its thinking and answer tokens apart (against the
 thinking budget, when the profile sets one: "thinking N / budget", "cut" once the budget closed
 the reasoning), and the time to the first answer token under the TTFT (shown only for a reply
-that had reasoning).
+that had reasoning). While a turn takes tool steps: its step and where its time went, the model's
+(prefill and decode) against the tools' ("step 3", then "model 4.1 s · tools 0.8 s"; shown only
+for a turn that took a tool step).
 
 The chat screen calls its methods (calls go down); it never talks to the engine. Its `clock`
 (for the live TTFT while waiting) and `memory_probe` are injectable so snapshots are
@@ -103,6 +105,7 @@ class LivePanel(Vertical):
         yield Static("", id="panel-decode")
         yield Static("", id="panel-thinking")
         yield Static("", id="panel-ttft")
+        yield Static("", id="panel-tools")
         with Vertical(id="panel-prefill"):
             yield Static("Prefill", classes="panel-title")
             yield ProgressBar(total=1, show_eta=False, id="panel-prefill-bar")
@@ -119,6 +122,7 @@ class LivePanel(Vertical):
         if self.memory_interval:
             self.set_interval(self.memory_interval, self._memory_tick)
         self.query_one("#panel-prefill").display = False
+        self.query_one("#panel-tools").display = False
 
     # -- model --------------------------------------------------------------------------------
 
@@ -185,7 +189,21 @@ class LivePanel(Vertical):
         self.sent_at, self.ttft = self.clock(), None
         self.first_answer, self.n_reasoning, self.budget_hit = None, 0, False
         self.query_one("#panel-spark", Sparkline).data = []
+        self.query_one("#panel-tools").display = False
         self._render_decode()
+
+    def tool_step_began(self) -> None:
+        """The model answers again after a tool step: the decode line counts this step's tokens
+        (the worker's counts start again with each step's reply)."""
+        self.meter.reset()
+
+    def tool_steps(self, step: int, model_s: float, tool_s: float) -> None:
+        """The turn's tool step and its time so far: the model's and the tools'."""
+        line = self.query_one("#panel-tools", Static)
+        if not line.display:
+            line.display = True
+        # two lines: the panel is narrow
+        self._show("#panel-tools", f"step {step}\nmodel {model_s:.1f} s · tools {tool_s:.1f} s")
 
     def turn_began(self, started: TurnStarted, n_ctx: int) -> None:
         self.n_ctx = n_ctx

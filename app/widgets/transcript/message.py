@@ -7,14 +7,16 @@ into a `MarkdownStream` (`Markdown.get_stream`), which batches fragments when re
 behind; `finish` stops the streams and does one final `update` of each, so the finished message is
 parsed exactly once.
 
-A user message's attached files show above its text, each folded into one line (`files.py`); `o`
-opens and folds them. Code blocks wrap at the transcript's width (`code.py`), and a message that
-shows code tells the screen (`CodeWidthChanged`), which makes room for it (`panes.py`).
+A user message's attached files show above its text, each folded into one line (`files.py`); a
+reply's tool calls show below its text, each folded into one line too (`tool_block.py`), and a
+reply that is only calls shows only them; `o` opens and folds either. Code blocks wrap at the
+transcript's width (`code.py`), and a message that shows code tells the screen
+(`CodeWidthChanged`), which makes room for it (`panes.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -23,9 +25,13 @@ from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from velo_chat.store.models import Message as StoredMessage
+from velo_chat.store.models import StoredToolCall, ToolResult
+
 from ... import keymap
 from .code import CodeWrappingMarkdown
 from .files import AttachedFile, FileBlock
+from .tool_block import Pending, ToolBlock
 from .text import code_blocks, widest_code_line
 
 STATUS_LABELS = {"interrupted": "interrupted", "error": "failed"}
@@ -65,6 +71,8 @@ class MessageView(Vertical, can_focus=True):
         streaming: bool = False,
         show_thinking: bool = True,
         attachments: Sequence[AttachedFile] = (),
+        tool_calls: Sequence[StoredToolCall] = (),
+        tool_results: Sequence[ToolResult] = (),
     ) -> None:
         super().__init__(classes=f"message -{role}")
         self.role = role
@@ -75,6 +83,8 @@ class MessageView(Vertical, can_focus=True):
         self.show_thinking = show_thinking
         self.streaming = streaming
         self.attachments = tuple(attachments)
+        self.tool_calls = tuple(tool_calls)
+        self.tool_results = tuple(tool_results)
         self._code_width: tuple[str, int] = ("", 0)  # the text it was measured on, and its width
         self.code_index = 0  # which code block `y` copies next
         self._shown_thinking = ""
@@ -91,12 +101,20 @@ class MessageView(Vertical, can_focus=True):
         with Collapsible(title="reasoning", collapsed=True, classes="thinking"):
             yield CodeWrappingMarkdown(self.reasoning if not self.streaming else "", classes="thinking-body")
         yield CodeWrappingMarkdown(self.text if not self.streaming else "", classes="answer")
+        results = _by_index(self.tool_results)
+        for i, call in enumerate(self.tool_calls):
+            yield ToolBlock(call, results.get(i))
 
     def on_mount(self) -> None:
         self.set_class(self.streaming, "-streaming")
         if self.streaming:  # the room is there before the first token: it does not scroll
             self._reserve()
         self._sync_thinking_visibility(self.reasoning)
+        self._sync_answer_visibility()
+
+    def _sync_answer_visibility(self) -> None:
+        """A reply that is only tool calls shows only their blocks."""
+        self.query_one(".answer", Markdown).display = bool(self.text) or self.streaming or not self.tool_calls
 
     def _header(self) -> str:
         who = {"user": "you", "assistant": "assistant"}.get(self.role, self.role)
@@ -174,9 +192,43 @@ class MessageView(Vertical, can_focus=True):
         await self.query_one(".answer", Markdown).update(text)
         self.query_one(".message-header", Static).update(self._header())
         self.set_class(False, "-streaming")
-        self.set_class(status in STATUS_LABELS, f"-{status}")
+        for label in STATUS_LABELS:
+            self.set_class(status == label, f"-{label}")
+        self._sync_answer_visibility()
         if self.code_width():
             self.post_message(CodeWidthChanged())
+
+    # -- tool calls ---------------------------------------------------------------------------
+
+    async def show_tools(
+        self,
+        calls: Sequence[StoredToolCall],
+        results: Sequence[ToolResult],
+        pending: Mapping[int, Pending] | None = None,
+    ) -> None:
+        """Show the reply's calls with their results so far (`pending`: by call index, the
+        calls of the running step that wait for approval or run). Blocks already shown are
+        updated in place, so one the user opened stays open."""
+        self.tool_calls, self.tool_results = tuple(calls), tuple(results)
+        by_index = _by_index(results)
+        pending = pending or {}
+        blocks = list(self.query_children(ToolBlock))
+        for i, call in enumerate(self.tool_calls):
+            if i < len(blocks):
+                await blocks[i].show(call, by_index.get(i), pending.get(i))
+            else:
+                await self.mount(ToolBlock(call, by_index.get(i), pending.get(i)))
+        for block in blocks[len(self.tool_calls) :]:
+            await block.remove()
+        self._sync_answer_visibility()
+
+    async def show_step(self, reply: StoredMessage, pending: Mapping[int, Pending] | None = None) -> None:
+        """A tool step's reply as stored (its text without the calls, the calls, the results so
+        far): the stream, if it still runs, ends with that text."""
+        if self.streaming or self.text != reply.content:
+            status = "error" if reply.status == "error" else "complete"
+            await self.finish(reply.content, status, reply.id, reply.reasoning or self.reasoning)
+        await self.show_tools(reply.tool_calls, reply.tool_results, pending)
 
     def code_width(self) -> int:
         """The widest line of code in the text, in cells (0: no code); the reasoning's code is
@@ -205,11 +257,15 @@ class MessageView(Vertical, can_focus=True):
         box.collapsed = not box.collapsed
 
     def action_toggle_files(self) -> None:
-        """Open every attached file, or fold them all when all are open."""
-        blocks = list(self.query_children(FileBlock))
+        """Open every attached file and tool call, or fold them all when all are open."""
+        blocks: list[Collapsible] = [*self.query_children(FileBlock), *self.query_children(ToolBlock)]
         if not blocks:
             self.notify("This message has no attached files.", severity="warning", timeout=3)
             return
         fold = all(not block.collapsed for block in blocks)
         for block in blocks:
             block.collapsed = fold
+
+
+def _by_index(results: Sequence[ToolResult]) -> dict[int, ToolResult]:
+    return {r.call_index: r for r in results}

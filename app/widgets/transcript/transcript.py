@@ -69,6 +69,8 @@ class Transcript(VerticalScroll, can_focus=False):
                 message_id=m.id,
                 show_thinking=self.show_thinking,
                 attachments=m.attachments,
+                tool_calls=m.tool_calls,
+                tool_results=m.tool_results,
             )
             for m in messages
             if m.role != "system"
