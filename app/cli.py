@@ -75,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _ask(sub: Subcommands) -> None:
     """`velo-chat ask`: one turn in a stored session."""
     ask = sub.add_parser("ask", help="one turn, streamed to stdout")
-    ask.add_argument("prompt", nargs="?", help="the message; '-' reads it from stdin")
+    ask.add_argument(
+        "prompt",
+        nargs="?",
+        help="the message; '-' reads it from stdin (none with --session ID --tools: the session's "
+        "tool loop goes on where it stopped at a call)",
+    )
     which = ask.add_mutually_exclusive_group()
     which.add_argument("--session", metavar="ID", help="continue this session (id or prefix)")
     which.add_argument("--new", action="store_true", help="start a new session (the default)")

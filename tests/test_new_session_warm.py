@@ -139,7 +139,7 @@ def with_variables(monkeypatch) -> Iterator[Any]:
     yield add
 
 
-@pytest.mark.parametrize("model", ["qwen35", "coder", "smollm2"])
+@pytest.mark.parametrize("model", ["qwen35", "coder", pytest.param("smollm2", marks=pytest.mark.slow)])
 def test_the_second_new_session_reuses_the_system_prompt(model, models, tmp_path):
     path, batch, root = models[model], BATCH[model], tmp_path / "ckpt"
     with Engine(profile(path, batch), checkpoint_root=root) as engine:

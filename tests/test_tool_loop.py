@@ -157,3 +157,4 @@ def test_forced_calls_drive_a_warm_exact_loop(name, qwen_path, tmp_path):
             convo = messages[: cut[k]]
             _s, cold_tokens, _d = _collect(cold.turn(convo, tools=toolbox.specs, tool_choice="required"))
             assert cold_tokens == steps[k][1], f"step {k + 1} differs from a cold run"
+

@@ -11,6 +11,7 @@ undo. Snapshots: the dialog with an edit's diff at 80x24, a session with a tool 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import datetime
 import difflib
 from pathlib import Path
@@ -364,15 +365,19 @@ async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
     monkeypatch.setattr(template_env, "now", lambda: datetime.datetime(2026, 1, 15, 12, 0))
     model = with_chat_template(qwen_path, read_template(TEMPLATES, "Qwen3-Coder"), tmp_path / "coder.gguf")
     repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "app.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "app.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_app.py").write_text("from src.app import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n")
     monkeypatch.chdir(repo)
     profile = test_profile(
         model,
-        context={"n_batch": 64, "n_ubatch": 64, "n_threads": 1, "n_ctx": 8192},
-        sampling={"temperature": 0.7, "seed": 11, "max_tokens": 400},
+        context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1, "n_ctx": 8192},
+        sampling={"temperature": 0.7, "seed": int(__import__("os").environ.get("SEED", "11")), "max_tokens": 80},
+        checkpoints={"interval_tokens": 0, "min_prefill_tokens": 0},
         tools={"enabled": True, "choice": "required", "max_steps": 3, "approve": "read"},
     )
+    profile = dataclasses.replace(profile, system_prompt="You fix bugs in the repository with the tools.")
     app = make_app(
         profile,
         store=SessionStore(tmp_path / "sessions.db"),
@@ -410,7 +415,7 @@ async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
                 assert not block.has_class("-waiting") and not block.has_class("-running")
             assert not view.streaming
         decisions = [r.decision for reply in replies for r in reply.tool_results]
-        print("DEBUG", [(p.kind, p.summary) for p in asked], decisions, [b.title for v in views for b in v.query(ToolBlock)], [r.content for r in replies])
+        print("DEBUG", [(p.kind, p.summary) for p in asked], decisions, [b.title for v in views for b in v.query(ToolBlock)], [r.content for r in replies], [c.text[:300] for r in replies for c in r.tool_calls], screen.session.system_prompt[:100])
         assert decisions.count("allowed") == sum(1 for p in asked if p.kind == "edit" and not p.outside)
         line = str(screen.query_one("#panel-tools", Static).render())
         assert line.startswith("step 3\nmodel ")

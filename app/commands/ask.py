@@ -29,7 +29,7 @@ from velo_chat.store import Attachment, Message
 from velo_chat.store.input_text import clean_text, decode_text
 
 from ..attachments import AttachmentLimits, read_files
-from .ask_tools import CliTools, stream_steps, working_folder
+from .ask_tools import CliTools, resume_pending, stream_steps, working_folder
 from ..conversation import record, start_turn
 from ..revisions import Revision, last_revision, revision_at
 from ..errors import UserError
@@ -135,6 +135,54 @@ def _tools(
     return profile, CliTools.make(profile, working_folder(session_dir), assume_yes=args.yes)
 
 
+def _resume(args: argparse.Namespace) -> int:
+    """`ask --session ID --tools` without a prompt: the session's tool loop goes on where it
+    stopped (`ask_tools.resume_pending`)."""
+    with open_store() as store:
+        session = store.get_session(store.resolve_id(args.session))
+        profile = resolve_profile(args.ask_profile or args.profile or session.profile)
+        profile = override_sampling(
+            profile, temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens
+        )
+        profile, tools = _tools(args, profile, session.working_dir)
+        assert tools is not None  # --tools
+        engine = load_engine(profile, args.model, quiet=args.json)
+        try:
+            outcome = resume_pending(
+                store,
+                engine,
+                session,
+                profile,
+                tools,
+                stream_steps(_stream, args.json),
+                say_waiting(session.id),
+            )
+        finally:
+            engine.close()
+    if outcome.failed:
+        raise UserError(f"the turn failed: {outcome.failed}")
+    last = outcome.last
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "text": last.text if last else "",
+                    "reasoning": last.reasoning if last else "",
+                    "session_id": session.id,
+                    "stats": last.stats.to_json() if last else {},
+                    "steps": [s.to_json() for s in outcome.steps],
+                    **({"stopped": outcome.stopped} if outcome.stopped else {}),
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        sys.stdout.write("\n")
+    if outcome.stopped:
+        print(f"velo-chat: the tool loop ended: {outcome.stopped}", file=sys.stderr)
+    return 0
+
+
 def _say(line: str) -> None:
     """What a full context makes the turn do first (compact, drop), before it runs."""
     print(f"velo-chat: {line}", file=sys.stderr, flush=True)
@@ -148,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             "--regenerate takes no prompt, no --file and no --pin (it asks the stored question again)"
         )
+    if args.prompt is None and args.tools and args.session and not revising:
+        return _resume(args)
     prompt, warning = (None, None) if args.regenerate is not None else _read_prompt(args.prompt)
     with open_store() as store:
         session = store.get_session(store.resolve_id(args.session)) if args.session else None

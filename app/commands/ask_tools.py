@@ -19,12 +19,12 @@ from typing import Any, TextIO
 
 from velo_chat.engine import EngineAPI, EngineEvent, TurnDone, TurnFailed
 from velo_chat.engine.config import Profile
-from velo_chat.store import Message, SessionStore
+from velo_chat.store import Message, Session, SessionStore
 
 from ..conversation import RecordedTurn, StartedTurn
 from ..errors import UserError
 from ..tools.approval import ApprovalPolicy
-from ..tools.loop import LoopHooks, LoopOutcome, StepEnd, StreamStep, ToolLoop
+from ..tools.loop import LoopHooks, LoopOutcome, StepEnd, StreamStep, ToolLoop, pending_calls
 from ..tools.toolbox import ToolBox
 from ..tools.types import ApprovalAnswer, PreparedCall
 
@@ -158,6 +158,39 @@ class CliTools:
             threading.Event(),
         )
         return loop.run(started.recorded, started.events, stream)
+
+
+def resume_pending(
+    store: SessionStore,
+    engine: EngineAPI,
+    session: Session,
+    profile: Profile,
+    tools: CliTools,
+    stream: StreamStep,
+    on_wait: Callable[[str], None] | None,
+) -> LoopOutcome:
+    """`ask --session ID --tools` with no prompt: go on with the session's tool loop where it
+    stopped (its last reply has calls that never got a result: a quit while one waited for
+    approval). Raises `UserError` when nothing is pending."""
+    with store.writer(session.id, on_wait=on_wait):
+        messages = store.messages(session.id)
+        reply = messages[-1] if messages else None
+        users = [m for m in messages if m.role == "user"]
+        if reply is None or not users or not pending_calls(reply):
+            raise UserError(
+                f"session {session.id[:8]} has no tool call waiting: give a prompt to take a turn"
+            )
+        loop = ToolLoop(
+            store,
+            engine,
+            session,
+            profile,
+            tools.toolbox,
+            tools.policy,
+            cli_hooks(terminal()),
+            threading.Event(),
+        )
+        return loop.resume(reply, users[-1], stream)
 
 
 def working_folder(session_dir: str | None) -> Path:

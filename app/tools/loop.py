@@ -29,7 +29,7 @@ from velo_chat.engine import EngineAPI, EngineEvent, PromptTooLong, ToolCall, To
 from velo_chat.engine.config import Profile, ReasoningSettings, SamplingSettings
 from velo_chat.store import Message, Session, SessionStore, StoredToolCall, ToolResult
 
-from ..conversation import RecordedTurn, engine_messages
+from ..conversation import RecordedTurn, engine_messages, record
 from .approval import ApprovalPolicy
 from .toolbox import ToolBox
 from .types import ApprovalAnswer, Decision, PreparedCall, ToolOutcome
@@ -147,41 +147,73 @@ class ToolLoop:
     def run(self, first: RecordedTurn, events: Iterator[EngineEvent], stream_step: StreamStep) -> LoopOutcome:
         """Run the steps from the first one (its `RecordedTurn`, whose writer lock the loop holds
         until its end, and its events) until the loop ends."""
-        from ..conversation import record
-
         release, first.release = first.release, lambda: None  # held for the whole loop
         self._user = first.user
         out = LoopOutcome()
-        recorded, step = first, 1
         try:
-            while True:
-                end = stream_step(step, recorded, record(events, recorded))
-                out.last, out.last_reply, out.failed = end.done, recorded.reply, end.failed
-                record_ = StepRecord(step, recorded.reply.id)
-                out.steps.append(record_)
-                if end.done is None:
-                    break
-                record_.stats = end.done.stats.to_json()
-                out.model_s += end.done.stats.total_s
-                if end.done.stats.finish_reason == "cancelled" or self.cancel.is_set():
-                    out.stopped = "stopped by the user"
-                    break
-                if not end.done.tool_calls:
-                    break
-                if not self._run_calls(step, recorded, end.done.tool_calls, record_, out):
-                    break
-                if step >= self.profile.tools.max_steps:
-                    out.stopped = f"reached tools.max_steps ({self.profile.tools.max_steps}) steps"
-                    break
-                step += 1
-                started = self._next_step(out)
-                if started is None:
-                    break
-                recorded, events = started
-                self.hooks.on_step(step, recorded.reply)
+            self._drive(out, first, events, 1, stream_step)
         finally:
             release()
         return out
+
+    def resume(self, reply: Message, user: Message, stream_step: StreamStep) -> LoopOutcome:
+        """Go on with a loop that stopped between a call and its result (a quit while a call
+        waited for approval): decide and run the calls of `reply` that have no result, then take
+        the next steps, the first of which resumes from the checkpoint saved at the end of that
+        call (on disk, in a new process). The caller holds the session's writer lock."""
+        self._user = user
+        out = LoopOutcome(last_reply=reply)
+        messages = self.store.messages(self.session.id)
+        step = _steps_since(messages, user.position)
+        record_ = StepRecord(step, reply.id)
+        out.steps.append(record_)
+        recorded = RecordedTurn(self.store, self.session, user, reply)
+        calls = [ToolCall(c.name, c.arguments, c.id, c.text, c.error) for c in reply.tool_calls]
+        if not self._run_calls(step, recorded, calls, record_, out, stored=True):
+            return out
+        if step >= self.profile.tools.max_steps:
+            out.stopped = f"reached tools.max_steps ({self.profile.tools.max_steps}) steps"
+            return out
+        started = self._next_step(out)
+        if started is not None:
+            self.hooks.on_step(step + 1, started[0].reply)
+            self._drive(out, started[0], started[1], step + 1, stream_step)
+        return out
+
+    def _drive(
+        self,
+        out: LoopOutcome,
+        recorded: RecordedTurn,
+        events: Iterator[EngineEvent],
+        step: int,
+        stream_step: StreamStep,
+    ) -> None:
+        """Steps from `recorded` (its events not yet streamed) until the loop ends."""
+        while True:
+            end = stream_step(step, recorded, record(events, recorded))
+            out.last, out.last_reply, out.failed = end.done, recorded.reply, end.failed
+            record_ = StepRecord(step, recorded.reply.id)
+            out.steps.append(record_)
+            if end.done is None:
+                break
+            record_.stats = end.done.stats.to_json()
+            out.model_s += end.done.stats.total_s
+            if end.done.stats.finish_reason == "cancelled" or self.cancel.is_set():
+                out.stopped = "stopped by the user"
+                break
+            if not end.done.tool_calls:
+                break
+            if not self._run_calls(step, recorded, end.done.tool_calls, record_, out):
+                break
+            if step >= self.profile.tools.max_steps:
+                out.stopped = f"reached tools.max_steps ({self.profile.tools.max_steps}) steps"
+                break
+            step += 1
+            started = self._next_step(out)
+            if started is None:
+                break
+            recorded, events = started
+            self.hooks.on_step(step, recorded.reply)
 
     # -- a step's calls -------------------------------------------------------------------------
 
@@ -192,17 +224,26 @@ class ToolLoop:
         calls: Sequence[ToolCall],
         record_: StepRecord,
         out: LoopOutcome,
+        *,
+        stored: bool = False,
     ) -> bool:
-        """Decide and run each call of the step's reply, storing each result; False when the user
-        stopped the loop (the calls after are stored as not run)."""
-        calls = [c if c.id else _with_id(c, step, i) for i, c in enumerate(calls)]
-        reply = self.store.set_tool_calls(
-            recorded.reply.id,
-            [StoredToolCall(c.id, c.name, dict(c.arguments), c.text, c.error) for c in calls],
-        )
-        recorded.reply = reply
+        """Decide and run each call of the step's reply that has no result yet, storing each
+        result; False when the user stopped the loop (the calls after are stored as not run).
+        `stored`: the calls are stored already (a resumed loop)."""
+        if stored:
+            reply = recorded.reply
+        else:
+            calls = [c if c.id else _with_id(c, step, i) for i, c in enumerate(calls)]
+            reply = self.store.set_tool_calls(
+                recorded.reply.id,
+                [StoredToolCall(c.id, c.name, dict(c.arguments), c.text, c.error) for c in calls],
+            )
+            recorded.reply = reply
+        decided = {r.call_index for r in reply.tool_results}
         stopped = False
         for i, call in enumerate(calls):
+            if i in decided:
+                continue
             prepared = self.toolbox.prepare(call)
             t0 = time.perf_counter()
             decision: Decision
@@ -307,6 +348,19 @@ class ToolLoop:
             events.close()
             raise
         return RecordedTurn(self.store, session, self._user, reply), events
+
+
+def pending_calls(reply: Message) -> int:
+    """How many calls of `reply` have no result: a loop that stopped there can go on
+    (`ToolLoop.resume`)."""
+    if reply.role != "assistant" or not reply.tool_calls:
+        return 0
+    return len(reply.tool_calls) - len(reply.tool_results)
+
+
+def _steps_since(messages: Sequence[Message], user_position: int) -> int:
+    """The step number of the last reply after the user message at `user_position`."""
+    return max(1, sum(1 for m in messages if m.position > user_position and m.role == "assistant"))
 
 
 def _with_id(call: ToolCall, step: int, index: int) -> ToolCall:
