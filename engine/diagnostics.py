@@ -47,7 +47,7 @@ from .llama.log import lines as llama_log_lines
 from .llama.model import LlamaModel
 from .llama.ple_provider import PleProvider, locate_tensor
 from .llama.sampling import Sampler
-from .prompt.chat_template import ChatMessage
+from .prompt.chat_template import ChatMessage, ChatTemplate, ChatTemplateError
 from .prompt.tokens import common_prefix
 from .scheduling.cpu_group import holds_processes as cgroup_holds_processes
 from .scheduling.cpu_group import make_sibling as make_sibling_cgroup
@@ -57,7 +57,12 @@ from .scheduling.threads import CpuLoad, ThreadPlan
 from .speculation.cost import Acceptance, CostModel, best_draft_length
 from .speculation.measure import ReplayResult, batch_logit_differences, replay_decode, verify_batch_costs
 from .speculation.stepper import SpecStepper
-from .prompt.rendered import follow_up_prefix
+from .prompt.rendered import PromptRenderer, follow_up_prefix
+from .tools.fmt_gbnf import literal
+from .tools.formats import ToolFormat
+from .tools.grammar import Grammar
+from .tools.offer import ToolOffer
+from .tools.types import ToolCall, ToolSpec
 
 __all__ = [
     # the hooks
@@ -186,10 +191,12 @@ class Diagnostics:
         variables, `template_variables`)."""
         return self._engine._tokens_for(messages, variables)
 
-    def template_variables(self, reasoning: ReasoningSettings | None = None) -> dict[str, Any]:
-        """The template variables a turn with these reasoning settings renders with (the
-        profile's when None)."""
-        return self._engine._template_variables(reasoning)
+    def template_variables(
+        self, reasoning: ReasoningSettings | None = None, tools: Sequence[ToolSpec] = ()
+    ) -> dict[str, Any]:
+        """The template variables a turn with these reasoning settings (the profile's when
+        None) and these `tools` offered renders with."""
+        return self._engine._template_variables(reasoning, tools)
 
     # -- turns and state ------------------------------------------------------------------------
 
@@ -202,9 +209,16 @@ class Diagnostics:
         max_tokens: int | None = None,
         cancel: threading.Event | None = None,
         ignore_eos: bool = False,
+        tools: Sequence[ToolSpec] = (),
+        forced_call: ToolCall | None = None,
     ) -> Turn:
         """`EngineAPI.turn`, and `ignore_eos` keeps decoding past end-of-generation tokens (to
-        time a fixed number of tokens)."""
+        time a fixed number of tokens). `forced_call`: with `tools` offered, the reply is
+        exactly that call as the chat template writes it (a grammar whose root is the call's
+        text), then an end of generation: a scripted tool loop on any model, random weights
+        included (`bench --tools`). Raises `ChatTemplateError` when the template renders no
+        tools."""
+        offer = self._forced_offer(tools, forced_call) if forced_call is not None else None
         return self._engine._turn(
             messages,
             sampling=sampling,
@@ -212,7 +226,45 @@ class Diagnostics:
             max_tokens=max_tokens,
             cancel=cancel,
             ignore_eos=ignore_eos,
+            tools=tools,
+            forced_offer=offer,
         )
+
+    def tool_format(self) -> ToolFormat | None:
+        """The tool-call format of the chat template turns render with now (`chat_template`
+        included); None: it renders no tools velo-chat reads."""
+        return self._engine._require()[0].chat_template.tool_format
+
+    def _forced_offer(self, tools: Sequence[ToolSpec], call: ToolCall) -> ToolOffer:
+        fmt = self.tool_format()
+        if fmt is None:
+            raise ChatTemplateError("the model's chat template has no tool support")
+        if call.name not in {t.name for t in tools}:
+            raise ValueError(f"a forced call of {call.name!r}, which is not among the tools offered")
+        return ToolOffer(tuple(tools), fmt, "required", Grammar(f"root ::= {literal(fmt.render(call))}\n"))
+
+    @contextlib.contextmanager
+    def chat_template(self, source: str) -> Iterator[None]:
+        """Render turns with the chat template `source` instead of the model's for a while
+        (`bench --tools-template`: a model whose own template has no tools is measured with one
+        that has). A prompt is its tokens: the live state and the checkpoints stay valid across
+        the switch. Raises `ChatTemplateError` for a template that does not parse."""
+        engine = self._engine
+        model = engine._require()[0]
+        template = ChatTemplate(
+            source,
+            bos_token=model.token_text(model.bos_id) if model.bos_id >= 0 else "",
+            eos_token=model.token_text(model.eos_id) if model.eos_id >= 0 else "",
+            model_name=model.path.name,
+            protected=model.prompt_tokenizer.special.protected_texts,
+        )
+        saved = model._template, engine._renderer
+        model._template = template
+        engine._renderer = PromptRenderer(lambda: model.chat_template, model.tokenize_segments)
+        try:
+            yield
+        finally:
+            model._template, engine._renderer = saved
 
     def complete(
         self, messages: Sequence[ChatMessage], *, deltas: list[TokenDelta] | None = None, **kwargs: Any

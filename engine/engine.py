@@ -381,9 +381,11 @@ class Engine(EngineFacts):
         ignore_eos: bool = False,
         tools: Sequence[ToolSpec] = (),
         tool_choice: str = "auto",
+        forced_offer: ToolOffer | None = None,
     ) -> Turn:
         """`turn`, and `ignore_eos` keeps decoding past end-of-generation tokens (the benchmark
-        times a fixed number of tokens so, through `Diagnostics.turn`)."""
+        times a fixed number of tokens so, through `Diagnostics.turn`); `forced_offer` replaces
+        the offer of `tools` (`bench --tools` forces a scripted call, `Diagnostics.turn`)."""
         model, _ctx, live = self._require()
         t_start = time.perf_counter()
         variables = self._template_variables(reasoning, tools)
@@ -401,7 +403,9 @@ class Engine(EngineFacts):
         budget = self._budget(support, reasoning or self._profile.reasoning, variables)
         stop = cancel or threading.Event()
         opens_in_reasoning = support.opens_reasoning(prompt.generation_prompt)
-        offer = self._tool_offer(tools, tool_choice, support.close_marker if opens_in_reasoning else "")
+        offer = forced_offer or self._tool_offer(
+            tools, tool_choice, support.close_marker if opens_in_reasoning else ""
+        )
         plan = TurnPlan(
             prompt=prompt,
             sampling=settings,

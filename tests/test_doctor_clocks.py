@@ -22,7 +22,9 @@ def _fake_smi(folder: Path, gpu: tuple[str, str]) -> dict[str, str]:
     """A PATH whose only `nvidia-smi` answers the memory query and the clocks query."""
     folder.mkdir()
     smi = folder / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\ncase "$*" in\n  *clocks*) echo "{gpu[1]}" ;;\n  *) echo "{gpu[0]}" ;;\nesac\n')
+    smi.write_text(
+        f'#!/bin/sh\ncase "$*" in\n  *clocks*) echo "{gpu[1]}" ;;\n  *) echo "{gpu[0]}" ;;\nesac\n'
+    )
     smi.chmod(0o755)
     return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
 
@@ -44,7 +46,9 @@ def test_a_capped_gpu_clock_is_reported_with_what_it_costs(profile: str, tmp_pat
         "SM 2100 MHz now, max 3003 MHz, capped at 2200 MHz: a cap costs up to about a third "
         "of decode speed on a GB10 — see docs/fit.md"
     )
-    assert any(x.startswith("advice:  the GPU's clock is held below its maximum") for x in text.stdout.splitlines())
+    assert any(
+        x.startswith("advice:  the GPU's clock is held below its maximum") for x in text.stdout.splitlines()
+    )
     d = json.loads(run_cli("doctor", "--profile", profile, "--json", env=env).stdout)
     clocks = d["gpu"]["clocks"]
     assert (clocks["sm_mhz"], clocks["max_sm_mhz"], clocks["applications_mhz"], clocks["cap_mhz"]) == (
@@ -67,9 +71,10 @@ def test_without_a_gpu_the_clock_line_says_none_is_present(profile: str, tmp_pat
     empty.mkdir()
     result = run_cli("doctor", "--profile", profile, env={"PATH": str(empty)})
     assert "GPU clock      none: no GPU is present" in result.stdout.splitlines(), result.stdout
-    assert json.loads(run_cli("doctor", "--profile", profile, "--json", env={"PATH": str(empty)}).stdout)[
-        "gpu"
-    ] is None
+    assert (
+        json.loads(run_cli("doctor", "--profile", profile, "--json", env={"PATH": str(empty)}).stdout)["gpu"]
+        is None
+    )
 
 
 def test_clocks_nvidia_smi_does_not_report_give_no_cap() -> None:

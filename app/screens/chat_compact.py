@@ -7,7 +7,7 @@ view begins once the oldest turns left it.
 app, the screen's `post` and `run_worker` (the summary runs in the screen's "generation" worker
 group, so it and a turn never run at once), the widgets it writes to, and callbacks into the
 screen. The screen keeps what is the conversation's: whether it is busy, the cancel event, the
-queue. Nothing here talks to the engine: `app/generation.py`'s `run_compaction` does, in a
+queue. Nothing here talks to the engine: `app/generation_compaction.py`'s `run_compaction` does, in a
 thread, and posts `CompactionProgressed`, then `CompactionMade` or `CompactionNotMade`.
 """
 
@@ -27,7 +27,7 @@ from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Session, StoreError
 
 from ..dialogs.message import error_dialog
-from ..generation import CompactRequest, run_compaction
+from ..generation_compaction import CompactRequest, run_compaction
 from ..messages import CompactionMade, CompactionNotMade, CompactionProgressed, TurnAccepted
 from ..widgets.composer.composer import Composer
 from ..widgets.telemetry.panel import LivePanel
