@@ -260,6 +260,24 @@ def _bench(sub: Subcommands) -> None:
         "follow-up in the continuation",
     )
     bench.add_argument(
+        "--tools",
+        action="store_true",
+        help="only measure a scripted tool loop (10 steps on a small repository, the tools really "
+        "run) at 8K and 32K tokens: each step's prompt reuse and TTFT, warm against cold",
+    )
+    bench.add_argument(
+        "--tools-template",
+        metavar="NAME_OR_PATH",
+        help="with --tools: render with this chat template (a Jinja file, a GGUF, or a profile's "
+        "model) where the model's own has no tool support",
+    )
+    bench.add_argument(
+        "--tools-fills", default="8192,32768", metavar="N,N,...", help="with --tools: the context fills"
+    )
+    bench.add_argument(
+        "--tools-steps", type=_bounded(int, 1, 10), default=10, metavar="N", help="with --tools: steps"
+    )
+    bench.add_argument(
         "--ple",
         default="",
         metavar="stock,gpu",

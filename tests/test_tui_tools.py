@@ -1,18 +1,18 @@
 """The TUI's side of tool calling: the approval dialog and its answers, a reply's calls as folded
 blocks in the transcript, the live panel's step line, a turn's later steps streaming into their
-own reply, and `/undo` (with files changed since, and offered before a revision).
+own reply.
 
 The worker's side (the loop, the engine's calls) is tested elsewhere; here the screen gets the
 messages the worker posts (`ToolApprovalAsked`, `ToolCallDone`, `ToolStepBegan`), with replies,
-calls and results stored in a real store, the fake engine streaming the turn, and real files for
-undo. Snapshots: the dialog with an edit's diff at 80x24, a session with a tool step at 120x40.
+calls and results stored in a real store and the fake engine streaming the turn. The whole path
+on the real engine is in test_tui_tool_loop.py, `/undo` in test_tui_undo.py. Snapshots: the dialog with an
+edit's diff at 80x24, a session with a tool step at 120x40.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import datetime
 import difflib
 from pathlib import Path
 
@@ -20,31 +20,22 @@ import pytest
 from textual.content import Content
 from textual.widgets import Collapsible, Static
 
-from velo_chat.app.app import make_app
-from velo_chat.app.dialogs.choice import ChoiceDialog
-from velo_chat.app.dialogs.tool_approval import ToolApprovalDialog, UndoConflictDialog
-from velo_chat.app.errors import UserError
+from velo_chat.app.dialogs.tool_approval import ToolApprovalDialog
 from velo_chat.app.messages import ToolApprovalAsked, ToolCallDone, ToolStepBegan
-from velo_chat.app.screens.chat_tools import UndoAsked, outcome_line, parse_undo
 from velo_chat.app.screens.help import help_text
-from velo_chat.app.settings import AppSettings
 from velo_chat.app.tools.types import ApprovalAnswer, PreparedCall
-from velo_chat.app.tools.undo import UndoOutcome, record_change
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.telemetry.panel import LivePanel
 from velo_chat.app.widgets.transcript.message import MessageView
 from velo_chat.app.widgets.transcript.tool_block import ToolBlock, capped, diff_counts, tool_title
 from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine import ToolCall
-from velo_chat.engine.prompt import template_env
 from velo_chat.store import SessionStore
 from velo_chat.store.models import StoredToolCall, ToolResult
 
-from devkit.gguf_template import with_chat_template
-from tests.support.engine_helpers import test_profile
 from tests.support.fake_engine import FakeScript
-from tests.support.llama_templates import read_template, templates_dir
-from tests.support.tui_helpers import FIXED_NOW, chat, fake_app, wait_for
+from tests.support.llama_templates import templates_dir
+from tests.support.tui_helpers import chat, fake_app, wait_for
 
 pytestmark = pytest.mark.usefixtures("bare_home")
 TEMPLATES = templates_dir()
@@ -157,21 +148,6 @@ def test_folded_line_says_what_came_of_each_call():
     assert tool_title(stored(edit), refused) == "edit_file calc.py · [b $error]refused[/]: not \\[now]"
     bare = StoredToolCall("c", "read_file", {"path": "a.py"}, "")
     assert tool_title(bare, None) == "read_file a.py · [i]not run[/i]"
-
-
-def test_undo_command_and_its_notice():
-    assert parse_undo("hello") is None
-    assert parse_undo("/undo") == UndoAsked(None)
-    assert parse_undo(" /undo 4 ") == UndoAsked(4)
-    assert parse_undo("/undone") is None
-    with pytest.raises(UserError):
-        parse_undo("/undo last")
-    base = Path("/work/proj")
-    line = outcome_line(
-        UndoOutcome(restored=("/work/proj/a.py", "/etc/x"), removed=("/work/proj/new.py",)), base
-    )
-    assert line == "Undone: restored a.py, /etc/x; removed new.py."
-    assert outcome_line(UndoOutcome(), base) == ""
     assert capped("\n".join(map(str, range(50))), 40).endswith("39\n… 10 more lines")
 
 
@@ -355,77 +331,28 @@ async def test_a_question_the_worker_gave_up_on_is_not_asked(tmp_path):
         assert not isinstance(app.screen, ToolApprovalDialog)
 
 
-async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
-    """The whole path on the real engine: the tiny qwen4exp with a tool-capable template, calls
-    forced (`tools.choice = "required"`), three steps, every call asking (`approve = "none"`).
-    The dialog's answers reach the worker: reads and edits are allowed (the folder is a temporary
-    one), a command is refused. Every step is a reply of its own with its calls folded under it,
-    none left waiting or running, and the panel says step 3. (A random-weight model mostly writes
-    calls that never close: those are invalid and do not ask; with this seed the first one does.)"""
-    if TEMPLATES is None:
-        pytest.skip("llama.cpp's chat templates are unavailable")
-    monkeypatch.setattr(template_env, "now", lambda: datetime.datetime(2026, 1, 15, 12, 0))
-    model = with_chat_template(qwen_path, read_template(TEMPLATES, "Qwen3-Coder"), tmp_path / "coder.gguf")
-    repo = tmp_path / "repo"
-    (repo / "src").mkdir(parents=True)
-    (repo / "src" / "app.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_app.py").write_text(
-        "from src.app import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n"
-    )
-    monkeypatch.chdir(repo)
-    profile = test_profile(
-        model,
-        context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1, "n_ctx": 8192},
-        sampling={"temperature": 0.7, "seed": 4, "max_tokens": 80},
-        checkpoints={"interval_tokens": 0, "min_prefill_tokens": 0},
-        tools={"enabled": True, "choice": "required", "max_steps": 3, "approve": "none"},
-    )
-    profile = dataclasses.replace(profile, system_prompt="You fix bugs in the repository with the tools.")
-    app = make_app(
-        profile,
-        store=SessionStore(tmp_path / "sessions.db"),
-        settings=AppSettings(),
-        clock=lambda: 100.0,
-        wall_clock=lambda: FIXED_NOW,
-        memory_probe=lambda: (300 << 20, None),
-        memory_interval=None,
-        cursor_blink=False,
-        pace_stream=False,
-    )
-    asked: list[PreparedCall] = []
-    async with app.run_test(size=(120, 40)) as pilot:
+async def test_allowed_for_the_session_lasts_across_its_turns(tmp_path):
+    """`a` answers for the session: each turn's request carries the session's approval state,
+    the same one turn after turn (a new session's is kept once its first call is done)."""
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=(100, 30)):
         screen = chat(app)
-        await wait_for(lambda: screen.model_ready or app.screen is not screen, timeout=300)
-        assert screen.model_ready, getattr(app.screen, "body", app.screen)  # a failed load's dialog
-        await send(pilot, "The test fails. Find the bug.")
-        await wait_for(lambda: screen.busy)
-        while screen.busy:
-            dialog = app.screen
-            if isinstance(dialog, ToolApprovalDialog) and (not asked or asked[-1] is not dialog.prepared):
-                asked.append(dialog.prepared)
-                allow = dialog.prepared.kind != "command" and not dialog.prepared.outside
-                await pilot.press("y" if allow else "n", *(() if allow else ("enter",)))
-            await pilot.pause(0.05)
-        await pilot.pause()
-        replies = [m for m in app.store.messages(screen.session.id) if m.role == "assistant"]
-        views = [v for v in screen.query_one(Transcript).views() if v.role == "assistant"]
-        assert len(replies) == 3 and [v.message_id for v in views] == [r.id for r in replies]
-        for reply, view in zip(replies, views, strict=True):
-            blocks = list(view.query(ToolBlock))
-            assert len(blocks) == len(reply.tool_calls) >= 1
-            results = {r.call_index: r for r in reply.tool_results}
-            for i, block in enumerate(blocks):
-                assert block.title == tool_title(reply.tool_calls[i], results.get(i))
-                assert not block.has_class("-waiting") and not block.has_class("-running")
-            assert not view.streaming and view.text == reply.content
-        decisions = [r.decision for reply in replies for r in reply.tool_results]
-        assert asked, "seed 4 makes the first call a well-formed one, which asks (approve = none)"
-        allowed = [p for p in asked if p.kind != "command" and not p.outside]
-        assert decisions.count("allowed") == len(allowed)
-        assert decisions.count("refused") == len(asked) - len(allowed)
-        line = str(screen.query_one("#panel-tools", Static).render())
-        assert line.startswith("step 3\nmodel ")
+        await wait_for(lambda: screen.model_ready)
+        settings = app.profile.tools
+        fresh = screen.tool_steps.policy(None, settings)
+        session = app.store.create_session("default")
+        app.store.add_message(session.id, "user", "q")
+        reply = app.store.add_message(session.id, "assistant", "")
+        fresh.allow_for_session("run_command")  # as the worker does on an `a`
+        screen.post_message(ToolCallDone(reply, 1, 0.1, 0.1))
+        await wait_for(lambda: screen.query_one("#panel-tools").display)  # the message was handled
+        assert screen.tool_steps.policy(session, settings) is fresh
+        assert "run_command" in screen.tool_steps.policy(session, settings).allowed_for_session
+        stricter = dataclasses.replace(settings, approve="none")
+        changed = screen.tool_steps.policy(session, stricter)
+        assert changed is not fresh and changed.allowed_for_session == {"run_command"}
+        other = app.store.create_session("default")
+        assert not screen.tool_steps.policy(other, settings).allowed_for_session
 
 
 # -- the transcript -------------------------------------------------------------------------------
@@ -458,115 +385,6 @@ async def test_tool_blocks_fold_and_unfold_with_the_diff_and_the_exit_code(tmp_p
         await pilot.press("o")
         await pilot.pause()
         assert edit.collapsed and command.collapsed
-
-
-# -- undo -----------------------------------------------------------------------------------------
-
-
-def edited_session(store: SessionStore, folder: Path) -> tuple[str, Path, Path]:
-    """A session whose second turn's reply changed calc.py and created new.py (recorded for undo,
-    and on disk)."""
-    calc, new = folder / "calc.py", folder / "new.py"
-    session = store.create_session("default", working_dir=str(folder))
-    store.add_message(session.id, "user", "first question")
-    store.add_message(session.id, "assistant", "first answer")
-    store.add_message(session.id, "user", "add sub and a new module")
-    reply = store.add_message(session.id, "assistant", "done")
-    calc.write_text(NEW)
-    new.write_text("x = 1\n")
-    record_change(store, session.id, reply.id, 0, calc, OLD.encode(), NEW.encode())
-    record_change(store, session.id, reply.id, 1, new, None, b"x = 1\n")
-    return session.id, calc, new
-
-
-async def send(pilot, text: str) -> None:
-    chat(pilot.app).query_one(Composer).load_text(text)
-    await pilot.press("enter")
-
-
-async def test_undo_puts_the_files_back_and_says_so(tmp_path):
-    app, _ = fake_app(tmp_path)
-    async with app.run_test(size=(100, 30)) as pilot:
-        session_id, calc, new = edited_session(app.store, tmp_path)
-        await opened(pilot, session_id)
-        said: list[str] = []
-        app.notify = lambda message, **kw: said.append(message)
-        await send(pilot, "/undo")
-        await wait_for(lambda: bool(said))
-        assert calc.read_text() == OLD and not new.exists()
-        assert said == ["Undone: restored calc.py; removed new.py."]
-        said.clear()
-        await send(pilot, "/undo 2")
-        await wait_for(lambda: bool(said))
-        assert said[0].startswith("Nothing to undo")
-
-
-async def test_undo_of_a_file_changed_since_asks_with_the_diff(tmp_path):
-    app, _ = fake_app(tmp_path)
-    async with app.run_test(size=(100, 30)) as pilot:
-        session_id, calc, new = edited_session(app.store, tmp_path)
-        await opened(pilot, session_id)
-        calc.write_text(NEW + "# mine\n")
-        await send(pilot, "/undo 2")
-        await wait_for(lambda: isinstance(app.screen, UndoConflictDialog))
-        assert not new.exists()  # the other file was put back
-        diff = app.screen.query_one(".conflict-diff", Static).render()
-        assert isinstance(diff, Content) and "+# mine" in diff.plain
-        await pilot.click("#force")
-        await wait_for(lambda: calc.read_text() == OLD)
-
-
-async def test_undo_waits_for_the_reply_to_end(tmp_path):
-    script = FakeScript(pause_after=4)
-    app, _ = fake_app(tmp_path, script)
-    async with app.run_test(size=(100, 30)) as pilot:
-        screen = chat(app)
-        await wait_for(lambda: screen.model_ready)
-        await send(pilot, "hello")
-        await wait_for(lambda: screen.busy)
-        await send(pilot, "/undo")
-        await pilot.pause()
-        assert screen.query_one(Composer).text == "/undo"  # given back, not queued
-        assert len(screen.queue) == 0
-        script.gate.set()
-        await wait_for(lambda: not screen.busy)
-
-
-async def test_revising_a_message_offers_to_undo_the_edits_after_it(tmp_path):
-    app, _ = fake_app(tmp_path)
-    async with app.run_test(size=(100, 30)) as pilot:
-        session_id, calc, new = edited_session(app.store, tmp_path)
-        await opened(pilot, session_id)
-        screen = chat(app)
-        question = [v for v in screen.query_one(Transcript).views() if v.role == "user"][1]
-        question.focus()
-        await pilot.press("e")
-        await wait_for(lambda: isinstance(app.screen, ChoiceDialog))
-        assert "changed 2 files: calc.py, new.py" in app.screen.title_text
-        await pilot.press("up", "enter")  # "keep" is highlighted first: the safe default
-        await wait_for(lambda: calc.read_text() == OLD and not new.exists())
-        assert screen.query_one(Composer).text == "add sub and a new module"
-
-
-async def test_the_offer_declined_keeps_the_files_and_no_edit_asks_nothing(tmp_path):
-    app, _ = fake_app(tmp_path)
-    async with app.run_test(size=(100, 30)) as pilot:
-        session_id, calc, _ = edited_session(app.store, tmp_path)
-        await opened(pilot, session_id)
-        screen = chat(app)
-        screen.query_one(Transcript).views()[0].focus()  # the first question: a later turn edited
-        await pilot.press("e")
-        await wait_for(lambda: isinstance(app.screen, ChoiceDialog))
-        await pilot.press("escape")
-        await pilot.pause()
-        assert calc.read_text() == NEW and screen.revising is not None
-
-        untouched, _ = session_with_tool_step(app.store)  # calls, but no file changed
-        await opened(pilot, untouched)
-        screen.query_one(Transcript).views()[0].focus()
-        await pilot.press("e")
-        await pilot.pause()
-        assert not isinstance(app.screen, ChoiceDialog) and screen.revising is not None
 
 
 # -- snapshots ------------------------------------------------------------------------------------

@@ -7,9 +7,11 @@ import dataclasses
 import json
 import os
 import sys
+import threading
+from pathlib import Path
 from typing import Any
 
-from velo_chat.engine import CgroupError, EngineAPI, SpecSourceError
+from velo_chat.engine import CgroupError, EngineAPI, SpecSourceError, ToolCall
 from velo_chat.engine.bench import (
     ATTACH_LINES,
     DEFAULT_DECODE_TOKENS,
@@ -21,10 +23,13 @@ from velo_chat.engine.bench import (
     run_bench,
     run_remote_bench,
 )
+from velo_chat.engine.bench import tools as bench_tools
 from velo_chat.engine.config import Profile
 from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
+from ..tools.specs import SPECS, TOOL_NAMES
+from ..tools.toolbox import ToolBox
 from .common import load_engine, resolve_profile
 
 
@@ -125,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
             "--attach measures the in-process engine's resume from disk in a fresh process: "
             "not with --spec or a remote profile"
         )
+    if args.tools or args.tools_template:
+        return _run_tools(args, profile, ple_modes)
     if args.spec and profile.backend.kind == "remote":
         raise UserError(
             "--spec measures the in-process engine's n-gram speculation: a remote profile's "
@@ -259,3 +266,64 @@ def ple_comparison(modes: tuple[str, ...], rows: list[dict]) -> dict:
             + f"; {ple.get('reason')}"
         )
     return out
+
+
+def _run_tools(args: argparse.Namespace, profile: Profile, ple_modes: tuple[str, ...]) -> int:
+    """`bench --tools`: the tool loop section alone (`engine/bench/tools.py`), the tools run by
+    the app's ToolBox in the section's temporary folder, every call allowed."""
+    if not args.tools:
+        raise UserError("--tools-template goes with --tools")
+    if args.spec or ple_modes or args.attach or args.compact or args.load:
+        raise UserError("--tools runs alone: not with --spec, --ple, --attach, --compact or --load")
+    if profile.backend.kind == "remote":
+        raise UserError(
+            "--tools measures the in-process engine's reuse across a tool loop's steps: "
+            "not with a remote profile"
+        )
+    fills = _sizes(args.tools_fills, "--tools-fills")
+    template = bench_tools.template_source(args.tools_template) if args.tools_template else None
+    profile = bench_tools.tools_profile(profile, args.model, fills)
+    quiet = args.json or not sys.stderr.isatty()
+
+    def note(text: str) -> None:
+        if not quiet:
+            sys.stderr.write(f"\r\033[Kbench: {text}")
+            sys.stderr.flush()
+
+    engine = load_engine(profile, args.model, quiet=args.json)
+    try:
+        section = bench_tools.run_tools_bench(
+            engine,
+            [SPECS[name] for name in TOOL_NAMES],
+            _tool_runner(profile),
+            fills=fills,
+            steps=args.tools_steps,
+            chat_template=template,
+            template_name=Path(args.tools_template).name if args.tools_template else "",
+            note=note,
+        )
+        result = bench_tools.tools_result(engine, profile.name, section)
+    finally:
+        engine.close()
+    if not quiet:
+        sys.stderr.write("\r\033[K")
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print("\n".join([*format_table(result).splitlines()[:3], *bench_tools.format_lines(section)]))
+    return 0
+
+
+def _tool_runner(profile: Profile) -> bench_tools.RunTool:
+    """Runs a call as the tool loop does once it is allowed (`ToolLoop._execute`): checked, then
+    run; a call that does not check out is the model's error."""
+    settings = dataclasses.replace(profile.tools, offered="all")
+
+    def run_tool(root: Path, call: ToolCall) -> str:
+        box = ToolBox(root, settings)
+        prepared = box.prepare(call)
+        if prepared.error:
+            return f"error: {prepared.error}"
+        return box.run(prepared, threading.Event()).content
+
+    return run_tool

@@ -430,6 +430,10 @@ class ChatScreen(VeloScreen):
             working_dir=str(Path.cwd()),
             reasoning=self.thinking.reasoning(),
             paced=self.app.pace_stream,
+            # a revision runs in a fork: a new session, with approvals of its own
+            tool_policy=self.tool_steps.policy(
+                self.session if revise_at is None else None, self.app.profile.tools
+            ),
         )
         # Where the decode leaves the UI no core, the engine starts once the new messages are
         # laid out and drawn: after a short prefill that frame would otherwise be drawn over the

@@ -3,6 +3,8 @@
 `ToolSteps` is owned by the chat screen, whose handlers of the generation worker's tool messages
 call it (app/generation_tools.py posts them):
 
+- Each turn gets its session's `ApprovalPolicy` (`policy`), so a tool allowed "for the
+  session" (`a`) runs without asking in that session's later turns too.
 - `ToolApprovalAsked`: the call's block says it waits, and the approval dialog
   (`app/dialogs/tool_approval.py`) asks; its answer is the worker's (`Future.set_result`). The
   worker never stays blocked: a turn that ends, or a screen that goes away, answers every open
@@ -33,6 +35,7 @@ from typing import Any
 
 from textual.app import App
 
+from velo_chat.engine.config import ToolSettings
 from velo_chat.store import Message as StoredMessage
 from velo_chat.store import Session, SessionStore, StoreError
 from velo_chat.store.models import StoredToolCall
@@ -41,6 +44,7 @@ from ..dialogs.choice import ChoiceDialog
 from ..dialogs.tool_approval import ToolApprovalDialog, UndoConflictDialog
 from ..errors import UserError
 from ..messages import ToolApprovalAsked, ToolCallDone, ToolStepBegan
+from ..tools.approval import ApprovalPolicy
 from ..tools.types import ApprovalAnswer, PreparedCall
 from ..tools.undo import UndoOutcome, edits_after, revert, undo
 from ..widgets.telemetry.panel import LivePanel
@@ -135,6 +139,28 @@ class ToolSteps:
         self._pending: dict[int, Pending] = {}  # the calls of `_pending_view` with no result yet
         self._pending_view: MessageView | None = None
         self._closing = threading.Event()  # the screen goes away: an undo waiting for the lock gives up
+        # by session id, with the settings each was made from
+        self._policies: dict[str, tuple[ToolSettings, ApprovalPolicy]] = {}
+        # a new session's, until a call of its first turn names the session
+        self._unbound: tuple[ToolSettings, ApprovalPolicy] | None = None
+
+    # -- the session's approvals ------------------------------------------------------------------
+
+    def policy(self, session: Session | None, settings: ToolSettings) -> ApprovalPolicy:
+        """The approval state for a turn of `session` (None: a new one, whose policy is kept under
+        its id once a call of its first turn is done). A profile whose `[tools]` changed gets a
+        new policy that keeps the tools already allowed for the session."""
+        kept = self._policies.get(session.id) if session is not None else None
+        if kept is not None and kept[0] == settings:
+            return kept[1]
+        policy = ApprovalPolicy(settings)
+        for tool in kept[1].allowed_for_session if kept is not None else ():
+            policy.allow_for_session(tool)
+        if session is None:
+            self._unbound = (settings, policy)
+        else:
+            self._policies[session.id] = (settings, policy)
+        return policy
 
     # -- approvals ------------------------------------------------------------------------------
 
@@ -223,6 +249,8 @@ class ToolSteps:
     async def call_done(self, msg: ToolCallDone) -> None:
         """The reply's calls and results so far; the step and the turn's times in the panel."""
         self._panel().tool_steps(msg.step, msg.model_s, msg.tool_s)
+        if self._unbound is not None and msg.reply.session_id not in self._policies:
+            self._policies[msg.reply.session_id], self._unbound = self._unbound, None
         view = self._view_of(msg.reply)
         if view is None:
             return

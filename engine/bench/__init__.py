@@ -1,5 +1,5 @@
 """Measuring: `velo-chat bench` and its sections (threads, load, resume, sessions, attach,
-compaction).
+compaction, tool loops: `tools.py`).
 
 Nothing here is needed to chat; it drives the engine through its public surface and its
 measurement hooks (`velo_chat.engine.diagnostics`) and reports.

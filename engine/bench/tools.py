@@ -46,9 +46,9 @@ RunTool = Callable[[Path, ToolCall], str]
 
 DEFAULT_FILLS: Final = (8192, 32768)
 TARGET_REUSE: Final = 0.95
-LOOP_ROOM: Final = 4096
-"""Context kept beyond the fill for the loop's calls and results (the script appends about
-1,500 tokens)."""
+LOOP_ROOM: Final = 2048
+"""Context kept beyond the fill for what the scripted loop appends (its calls and the results
+of its tools, which are small files and short outputs)."""
 NO_TOOLS = "the model's chat template has no tool support"
 
 
@@ -115,6 +115,8 @@ def run_tools_bench(
         )
     with diag.chat_template(chat_template) if chat_template else contextlib.nullcontext():
         fmt = diag.tool_format()
+        if fmt is None and chat_template:
+            raise ChatTemplateError(f"the chat template {template_name or 'given'} has no tool support")
         if fmt is None:
             raise ChatTemplateError(
                 f"{NO_TOOLS}; --tools-template NAME_OR_PATH measures it with one that has (a Jinja "
@@ -190,8 +192,9 @@ def _fill_run(
                     prompt, sampling=_sampling(diag, scripted), reasoning=reasoning, max_tokens=1,
                     tools=specs, forced_call=scripted,
                 ).stats  # fmt: skip
+                warm = row["warm_ttft_s"]
                 row["cold_ttft_s"] = round(cold.ttft_s, 4)
-                row["cold_over_warm"] = round(cold.ttft_s / row["warm_ttft_s"], 2) if row["warm_ttft_s"] else None
+                row["cold_over_warm"] = round(cold.ttft_s / warm, 2) if warm else None
         diag.reset()
     later = [r["reuse"] for r in rows[1:]]
     return {
@@ -223,6 +226,8 @@ def _row(k: int, scripted: ToolCall, exact: bool, s: TurnStats, result_chars: in
         "reuse": round(s.cached_tokens / s.prompt_tokens, 4) if s.prompt_tokens else 0.0,
         "source": s.source,
         "warm_ttft_s": round(s.ttft_s, 4),
+        # bringing the context to the boundary after the call (before the tool runs)
+        "close_s": round(s.checkpoint.close_s, 4) if s.checkpoint is not None else None,
     }
 
 
@@ -243,7 +248,8 @@ def format_lines(section: dict[str, Any]) -> list[str]:
         f"          target: every step after the first reuses >= {section['target_reuse']:.0%} of its prompt",
     ]
     for run in section["fills"]:
-        fits = "" if run["fits"] else f" (of {run['fill_asked']:,} asked: the context holds no more)"
+        held = f"{section['n_ctx']:,} hold no more beside the loop"
+        fits = "" if run["fits"] else f" (of {run['fill_asked']:,} asked: {held})"
         low = run["min_reuse_after_first"]
         lines += [
             "",
