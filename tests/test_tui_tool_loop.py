@@ -17,12 +17,15 @@ from velo_chat.app.tools.types import PreparedCall
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.transcript.tool_block import ToolBlock, tool_title
 from velo_chat.app.widgets.transcript.transcript import Transcript
+from velo_chat.engine import ToolCall
+from velo_chat.engine.engine import Engine
 from velo_chat.engine.prompt import template_env
 from velo_chat.store import SessionStore
 
 from devkit.gguf_template import with_chat_template
 from tests.support.engine_helpers import test_profile
 from tests.support.llama_templates import read_template, templates_dir
+from tests.support.scripted_calls import ScriptedCalls
 from tests.support.tui_helpers import FIXED_NOW, chat, wait_for
 
 pytestmark = pytest.mark.usefixtures("bare_home")
@@ -34,13 +37,21 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+SCRIPT = (
+    ToolCall("edit_file", {"path": "src/app.py", "old": "return a - b", "new": "return a + b"}),
+    ToolCall("run_command", {"command": "python -m pytest -q"}),
+    ToolCall("read_file", {"path": "src/app.py"}),
+)
+"""The calls the model makes, in order (`tests/support/scripted_calls.py`: each step's reply is
+forced to be exactly that call as the template writes it, on the real engine)."""
+
+
 async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
-    """The whole path on the real engine: the tiny qwen4exp with a tool-capable template, calls
-    forced (`tools.choice = "required"`), three steps, every call asking (`approve = "none"`).
-    The dialog's answers reach the worker: reads and edits are allowed (the folder is a temporary
-    one), a command is refused. Every step is a reply of its own with its calls folded under it,
-    none left waiting or running, and the panel says step 3. (A random-weight model mostly writes
-    calls that never close: those are invalid and do not ask; with this seed the first one does.)"""
+    """The whole path on the real engine: the tiny qwen4exp with a tool-capable template, three
+    steps whose calls are scripted, every call asking (`approve = "none"`). The dialog's answers
+    reach the worker: the edit is allowed from its diff, the command refused with a reason, the
+    read allowed. Every step is a reply of its own with its calls folded under it, none left
+    waiting or running, the panel says step 3; then `/undo` puts the edited file back."""
     if TEMPLATES is None:
         pytest.skip("llama.cpp's chat templates are unavailable")
     monkeypatch.setattr(template_env, "now", lambda: datetime.datetime(2026, 1, 15, 12, 0))
@@ -57,13 +68,14 @@ async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
     profile = test_profile(
         model,
         context={"n_batch": 1, "n_ubatch": 1, "n_threads": 1, "n_ctx": 8192},
-        sampling={"temperature": 0.7, "seed": 4, "max_tokens": 80},
+        sampling={"temperature": 0.7, "seed": 4, "max_tokens": 400},  # a whole scripted call
         checkpoints={"interval_tokens": 0, "min_prefill_tokens": 0},
         tools={"enabled": True, "choice": "required", "max_steps": 3, "approve": "none"},
     )
     profile = dataclasses.replace(profile, system_prompt="You fix bugs in the repository with the tools.")
     app = make_app(
         profile,
+        engine_factory=lambda p: ScriptedCalls(Engine(p), SCRIPT),
         store=SessionStore(tmp_path / "sessions.db"),
         settings=AppSettings(),
         clock=lambda: 100.0,
@@ -86,8 +98,12 @@ async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
             dialog = app.screen
             if isinstance(dialog, ToolApprovalDialog) and (not asked or asked[-1] is not dialog.prepared):
                 asked.append(dialog.prepared)
-                allow = dialog.prepared.kind != "command" and not dialog.prepared.outside
-                await pilot.press("y" if allow else "n", *(() if allow else ("enter",)))
+                if dialog.prepared.kind == "command":
+                    await pilot.press("n")
+                    await pilot.pause()
+                    await pilot.press(*"use unittest", "enter")
+                else:
+                    await pilot.press("y")
             await pilot.pause(0.05)
         else:
             pytest.fail("the turn did not end")
@@ -103,10 +119,14 @@ async def test_a_real_tool_loop_in_the_tui(qwen_path, tmp_path, monkeypatch):
                 assert block.title == tool_title(reply.tool_calls[i], results.get(i))
                 assert not block.has_class("-waiting") and not block.has_class("-running")
             assert not view.streaming and view.text == reply.content
-        decisions = [r.decision for reply in replies for r in reply.tool_results]
-        assert asked, "seed 4 makes the first call a well-formed one, which asks (approve = none)"
-        allowed = [p for p in asked if p.kind != "command" and not p.outside]
-        assert decisions.count("allowed") == len(allowed)
-        assert decisions.count("refused") == len(asked) - len(allowed)
+        assert [p.call.name for p in asked] == [c.name for c in SCRIPT]
+        assert "-    return a - b" in asked[0].diff and "+    return a + b" in asked[0].diff
+        results = [r for reply in replies for r in reply.tool_results]
+        assert [r.decision for r in results] == ["allowed", "refused", "allowed"]
+        assert results[1].reason == "use unittest" and "use unittest" in results[1].content
+        assert "return a + b" in results[2].content  # the read saw the edit
+        assert (repo / "src" / "app.py").read_text() == "def add(a, b):\n    return a + b\n"
         line = str(screen.query_one("#panel-tools", Static).render())
         assert line.startswith("step 3\nmodel ")
+        await send(pilot, "/undo")
+        await wait_for(lambda: (repo / "src" / "app.py").read_text() == "def add(a, b):\n    return a - b\n")
