@@ -135,8 +135,8 @@ def test_forced_calls_drive_a_warm_exact_loop(name, qwen_path, tmp_path):
             tool_choice="required",
         )
         loop = ToolLoop(
-            store, engine, started.session, profile, toolbox, ApprovalPolicy(profile.tools), LoopHooks(ask=ask),
-            threading.Event(),
+            store, engine, started.session, profile, toolbox, ApprovalPolicy(profile.tools),
+            LoopHooks(ask=ask), threading.Event(),
         )  # fmt: skip
         outcome = loop.run(started.recorded, started.events, stream)
 
