@@ -105,6 +105,7 @@ class _Turn:
         self._tail = ""  # the end of the reply's text (the closing skips newlines it has)
         self.raw = ""  # the reply as generated, control tokens as their text (tool calls parse it)
         self._parsed: ParsedTurn | None = None
+        self._sampler: Sampler | None = None  # the decode's sampler (its grammar: `_closing_fits`)
 
     def _warnings(self) -> Iterator[EngineEvent]:
         if self.ck is not None:
@@ -201,6 +202,7 @@ class _Turn:
                 grammar=grammar,
                 vocab=self.parts.model.vocab,
             ) as sampler:
+                self._sampler = sampler
                 stepper = (
                     SpecStepper(live, sampler, plan.speculation, self.tokens)
                     if plan.speculation.enabled
@@ -277,7 +279,18 @@ class _Turn:
         tools = self.plan.tools
         if tools is not None and tools.open_call(self.raw):
             return None  # a call open at the budget completes first (the grammar closes it)
-        return max(budget - self.thought, 0)
+        left = max(budget - self.thought, 0)
+        if left == 0 and tools is not None and not self._closing_fits():
+            return None  # the grammar holds the reply (a call under way, or one just closed)
+        return left
+
+    def _closing_fits(self) -> bool:
+        """Whether the tool-call grammar lets the budget's closing start here: not while it
+        writes a call (a forced or required call opens inside the reasoning, before a format's
+        marker is whole), nor after a call closed (then only the end of the reply fits)."""
+        sampler = self._sampler
+        closing = self._closing_tokens()
+        return sampler is None or not closing or sampler.allows(closing[0])
 
     def _room(self) -> int:
         """Most tokens a speculative step may return: the length limit's, and no draft past

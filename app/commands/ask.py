@@ -29,6 +29,7 @@ from velo_chat.store import Attachment, Message
 from velo_chat.store.input_text import clean_text, decode_text
 
 from ..attachments import AttachmentLimits, read_files
+from ..tools.undo import edits_after
 from .ask_tools import CliTools, resume_pending, stream_steps, working_folder
 from ..conversation import record, start_turn
 from ..revisions import Revision, last_revision, revision_at
@@ -183,6 +184,20 @@ def _resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offer_undo(session_id: str, position: int) -> None:
+    """A revision of message `position`: the files the session's tools changed after it are
+    still as those later turns left them; say how to put them back (`sessions undo`)."""
+    with open_store() as store:
+        records = edits_after(store, session_id, position)
+    if records:
+        paths = sorted({r.path for r in records})
+        print(
+            f"velo-chat: the tools changed {len(paths)} file(s) after that message in session "
+            f"{session_id[:8]}; `velo-chat sessions undo {session_id[:8]} --turn {position}` puts them back",
+            file=sys.stderr,
+        )
+
+
 def _say(line: str) -> None:
     """What a full context makes the turn do first (compact, drop), before it runs."""
     print(f"velo-chat: {line}", file=sys.stderr, flush=True)
@@ -286,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
             f"{started.forked_from.id[:8]} (which stays as it was)",
             file=sys.stderr,
         )
+        if revise_at is not None:
+            _offer_undo(started.forked_from.id, revise_at)
     if started.recorded.empty_reason:
         print(f"velo-chat: warning: the reply is empty: {started.recorded.empty_reason}", file=sys.stderr)
     if done.stats.finish_reason == "interrupted":  # a remote stream cut mid-reply: kept, marked so
