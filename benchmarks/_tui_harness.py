@@ -1,6 +1,7 @@
-"""What `tui_decode.py` drives and reads: a `velo-chat` TUI in a tmux server of its own, a
-temporary VELO_CHAT_HOME with the model linked in and sessions of Markdown prefilled, the stored
-replies in the session database, and the machine's load from /proc.
+"""What `tui_decode.py` drives and reads: the prompts of its two kinds of reply (prose, and one
+long fenced code block), a `velo-chat` TUI in a tmux server of its own, a temporary
+VELO_CHAT_HOME with the model linked in and sessions of Markdown prefilled, the stored replies in
+the session database, and the machine's load from /proc.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PROMPT = "Write a long story about a lighthouse keeper."
+PROMPTS = {
+    # SmolLM2 answers it in prose past 300 tokens.
+    "prose": "Write a long story about a lighthouse keeper.",
+    # SmolLM2 answers it with one fenced Python block of about 40 lines, still open at the
+    # 300th token: the transcript's code path as a block grows.
+    "code": (
+        "Write a long Python module with a class for a bank account, a class for a bank, and "
+        "functions to deposit, withdraw and transfer money, with docstrings."
+    ),
+}
 WARM_PROMPT = "Say hello."
 READY_MARK = "reuses "  # the resume-cost line: shown once the model is loaded and idle
 WORDS = (

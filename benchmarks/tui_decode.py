@@ -7,14 +7,17 @@ started, the prompt sent, waited on until the reply stored in the session databa
 `complete`, quit. Against it runs one fresh `velo-chat ask --json` process, in a session of its
 own as from another terminal, with the same profile, prompt and conversation before it. The two
 alternate (the TUI first in even pairs, ask first in odd ones), so a load that comes and goes
-falls on both alike. Both rates are the `decode_tok_s` the app stored with the reply.
+falls on both alike; inside a round every profile, case and reply takes its turn, the replies'
+order alternating too. Both rates are the `decode_tok_s` the app stored with the reply.
 
-Profiles (--profiles): shipped profiles as a user runs them, each overlaid with greedy sampling
-and --tokens max tokens (a user profile of the same name overlays the shipped one). Cases
-(--cases): `short`, a new session (--warm-turn: after a short turn, in the same TUI process and
-stored before the ask); `long`, a session already holding --long-words words of Markdown
-transcript, opened in the TUI (all of it in the transcript) and continued by `ask --session`
-from an identical copy. Everything lives in a temporary VELO_CHAT_HOME with the default model
+Replies (--replies): `prose`, a story, and `code`, a Python module that SmolLM2 writes as one
+long fenced block (the transcript wraps, marks and highlights it as it grows); both prompts are
+in `_tui_harness.PROMPTS`. Profiles (--profiles): shipped profiles as a user runs them, each
+overlaid with greedy sampling and --tokens max tokens (a user profile of the same name overlays
+the shipped one). Cases (--cases): `short`, a new session (--warm-turn: after a short turn, in
+the same TUI process and stored before the ask); `long`, a session already holding --long-words
+words of Markdown transcript, opened in the TUI (all of it in the transcript) and continued by
+`ask --session` from an identical copy. Everything lives in a temporary VELO_CHAT_HOME with the default model
 linked in; nothing touches the user's files.
 
 Each side of a pair records the 1-minute load average before it and `others_cores`: the cores
@@ -24,7 +27,8 @@ its whole run). Single pairs on a small shared machine swing by tens of percent:
 medians of many pairs (--pairs), not of a few.
 
     .venv/bin/python benchmarks/tui_decode.py [--pairs 8] [--profiles default,cpu-speculate]
-        [--cases short,long] [--tokens 300] [--warm-turn] [--size 120x40] [--ui-cpu]
+        [--cases short,long] [--replies prose,code] [--tokens 300] [--warm-turn] [--size 120x40]
+        [--ui-cpu]
 
 --ui-cpu runs the TUI under a small hook that also reports the share of a core its UI thread
 used over the decode (`ui_thread_cores`), and with VELO_BENCH_PROFILE_TUI=FILE runs it under
@@ -49,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: benchmarks/
 from benchmarks._tui_harness import (  # noqa: E402
-    PROMPT,
+    PROMPTS,
     WARM_PROMPT,
     READY_MARK,
     velo_cmd,
@@ -83,20 +87,20 @@ def side_summary(stats: dict[str, Any], load: float, others: float) -> dict[str,
     }
 
 
-def tui_side(run: Run, profile: str, case: str, pair: int) -> dict[str, Any]:
+def tui_side(run: Run, profile: str, case: str, reply: str, pair: int) -> dict[str, Any]:
     load = loadavg()
-    app = TmuxApp(run.home, profile, run.size, run.root / f"tmux-{pair}-{case}", run.args.ui_cpu)
+    app = TmuxApp(run.home, profile, run.size, run.root / f"tmux-{pair}-{case}-{reply}", run.args.ui_cpu)
     try:
         app.wait_ready()
         if case == "long":
-            app.open_session(run.long_title(profile, pair, "tui"))
+            app.open_session(run.long_title(profile, pair, reply, "tui"))
         else:
             app.new_session()
             if run.args.warm_turn:
                 app.send(run.db, WARM_PROMPT)
                 app.wait_for(lambda s: READY_MARK in s, 60, "the app to be idle")
         logged = len(app.tokens_log.read_text().splitlines()) if app.tokens_log.exists() else 0
-        stats, others = app.send(run.db, PROMPT)
+        stats, others = app.send(run.db, PROMPTS[reply])
     finally:
         app.quit()
     out = side_summary(stats, load, others)
@@ -123,8 +127,8 @@ def ask(run: Run, profile: str, prompt: str, session: str | None, max_tokens: in
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def ask_side(run: Run, profile: str, case: str, pair: int) -> dict[str, Any]:
-    session = run.long_sessions[profile, pair, "ask"] if case == "long" else None
+def ask_side(run: Run, profile: str, case: str, reply: str, pair: int) -> dict[str, Any]:
+    session = run.long_sessions[profile, pair, reply, "ask"] if case == "long" else None
     if case == "short" and run.args.warm_turn:
         before = last_id(run.db)
         ask(run, profile, WARM_PROMPT, None)
@@ -135,7 +139,7 @@ def ask_side(run: Run, profile: str, case: str, pair: int) -> dict[str, Any]:
     load = loadavg()
     before = last_id(run.db)
     t0, busy0 = time.monotonic(), busy_seconds()
-    own = ask(run, profile, PROMPT, session)
+    own = ask(run, profile, PROMPTS[reply], session)
     others = others_cores(t0, busy0, 0.0, time.monotonic(), busy_seconds(), own)
     found = finished_reply(run.db, before)
     if found is None:
@@ -154,12 +158,13 @@ class Run:
         self.db = home / "data" / "sessions.sqlite3"
         width, height = (int(x) for x in args.size.split("x"))
         self.size = (width, height)
-        self.long_sessions: dict[tuple[str, int, str], str] = {}
+        self.long_sessions: dict[tuple[str, int, str, str], str] = {}
         self.profiles = args.profiles.split(",")
+        self.replies = args.replies.split(",")
 
-    def long_title(self, profile: str, pair: int, side: str) -> str:
+    def long_title(self, profile: str, pair: int, reply: str, side: str) -> str:
         """Short enough to show whole in the sidebar's filter box."""
-        return f"long-{self.profiles.index(profile)}-{pair}-{side}"
+        return f"long-{self.profiles.index(profile)}-{pair}-{reply}-{side}"
 
 
 def spread(ratios: list[float]) -> dict[str, Any]:
@@ -176,18 +181,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     model = require_default_model()  # the user's copy, before the home moves
     root = Path(tempfile.mkdtemp(prefix="velo-tui-bench-"))
-    profiles, cases = args.profiles.split(","), args.cases.split(",")
+    profiles, cases, replies = args.profiles.split(","), args.cases.split(","), args.replies.split(",")
+    unknown = set(replies) - set(PROMPTS)
+    if unknown:
+        raise SystemExit(f"tui_decode: unknown replies {sorted(unknown)} (known: {sorted(PROMPTS)})")
     home = make_home(root / "home", model, profiles, args.tokens)
     os.environ["VELO_CHAT_HOME"] = str(home)
     r = Run(args, root, home)
     if "long" in cases:
         for profile in profiles:
             for pair in range(args.pairs):
-                for side in ("tui", "ask"):
-                    title = r.long_title(profile, pair, side)
-                    r.long_sessions[profile, pair, side] = prefill_session(
-                        r.db, profile, title, args.long_words
-                    )
+                for reply in replies:
+                    for side in ("tui", "ask"):
+                        title = r.long_title(profile, pair, reply, side)
+                        r.long_sessions[profile, pair, reply, side] = prefill_session(
+                            r.db, profile, title, args.long_words
+                        )
     t0 = time.perf_counter()
     load_before = loadavg()
     pairs = []
@@ -195,37 +204,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for profile in profiles:  # not counted: makes a requantized model, warms the page cache
             ask(r, profile, WARM_PROMPT, None, max_tokens=8)
         for pair in range(args.pairs):
+            order = ("tui", "ask") if pair % 2 == 0 else ("ask", "tui")
             for profile in profiles:
                 for case in cases:
-                    order = ("tui", "ask") if pair % 2 == 0 else ("ask", "tui")
-                    result: dict[str, Any] = {
-                        "pair": pair + 1,
-                        "profile": profile,
-                        "case": case,
-                        "first": order[0],
-                    }
-                    for side in order:
-                        result[side] = (tui_side if side == "tui" else ask_side)(r, profile, case, pair)
-                    result["ratio"] = round(result["tui"]["decode_tok_s"] / result["ask"]["decode_tok_s"], 3)
-                    pairs.append(result)
-                    if args.verbose:
-                        print(json.dumps(result), file=sys.stderr, flush=True)
-                    print(
-                        f"pair {pair + 1} {profile} {case:5}: TUI {result['tui']['decode_tok_s']:.1f} "
-                        f"ask {result['ask']['decode_tok_s']:.1f} tok/s -> {result['ratio']:.3f} "
-                        f"(load {result['tui']['loadavg']:.2f}/{result['ask']['loadavg']:.2f})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    for reply in replies if pair % 2 == 0 else replies[::-1]:
+                        result: dict[str, Any] = {
+                            "pair": pair + 1,
+                            "profile": profile,
+                            "case": case,
+                            "reply": reply,
+                            "first": order[0],
+                        }
+                        for side in order:
+                            measure = tui_side if side == "tui" else ask_side
+                            result[side] = measure(r, profile, case, reply, pair)
+                        tui, ask_ = result["tui"]["decode_tok_s"], result["ask"]["decode_tok_s"]
+                        result["ratio"] = round(tui / ask_, 3)
+                        pairs.append(result)
+                        if args.verbose:
+                            print(json.dumps(result), file=sys.stderr, flush=True)
+                        print(
+                            f"pair {pair + 1} {profile} {case:5} {reply:5}: TUI {tui:.1f} ask {ask_:.1f} "
+                            f"tok/s -> {result['ratio']:.3f} "
+                            f"(load {result['tui']['loadavg']:.2f}/{result['ask']['loadavg']:.2f})",
+                            file=sys.stderr,
+                            flush=True,
+                        )
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary = {
-        f"{profile} {case}": spread(
-            [x["ratio"] for x in pairs if x["profile"] == profile and x["case"] == case]
+        f"{profile} {case} {reply}": spread(
+            [x["ratio"] for x in pairs if (x["profile"], x["case"], x["reply"]) == (profile, case, reply)]
         )
         for profile in profiles
         for case in cases
+        for reply in replies
     }
     return {
         "benchmark": "tui_decode",
@@ -234,7 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "terminal": f"tmux {args.size}",
         "max_tokens": args.tokens,
         "warm_turn": args.warm_turn,
-        "prompt": PROMPT,
+        "prompts": {reply: PROMPTS[reply] for reply in replies},
         "cpus": len(os.sched_getaffinity(0)),
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
@@ -247,13 +261,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    head: tuple[str, ...] = ("pair", "profile", "case", "first", "TUI tok/s", "ask tok/s", "TUI/ask")
+    head: tuple[str, ...] = ("pair", "profile", "case", "reply", "first", "TUI tok/s", "ask tok/s", "TUI/ask")
     head += ("threads TUI/ask",)
     head += ("load TUI/ask", "others' cores TUI/ask", "UI thread")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for x in result["pairs"]:
         tui, ask_ = x["tui"], x["ask"]
-        cells: tuple[object, ...] = (x["pair"], x["profile"], x["case"], x["first"])
+        cells: tuple[object, ...] = (x["pair"], x["profile"], x["case"], x["reply"], x["first"])
         cells += (f"{tui['decode_tok_s']:.1f}", f"{ask_['decode_tok_s']:.1f}", f"{x['ratio']:.3f}")
         cells += (f"{tui['decode_threads']}/{ask_['decode_threads']}",)
         cells += (
@@ -275,9 +289,10 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=8, help="alternated pairs per profile and case")
+    parser.add_argument("--pairs", type=int, default=8, help="alternated pairs per profile, case and reply")
     parser.add_argument("--profiles", default="default", help="shipped profiles, comma-separated")
     parser.add_argument("--cases", default="short,long", help="short, long or both (comma-separated)")
+    parser.add_argument("--replies", default="prose,code", help="prose, code or both (comma-separated)")
     parser.add_argument("--tokens", type=int, default=300, help="max tokens of each reply (greedy)")
     parser.add_argument("--warm-turn", action="store_true", help="a short turn before the measured one")
     parser.add_argument("--size", default="120x40", help="the tmux pane, COLSxROWS")

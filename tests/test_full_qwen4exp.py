@@ -5,6 +5,7 @@ two-layer model written, loaded and run."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -159,7 +160,11 @@ def _mem_available() -> int:
 
 @pytest.fixture
 def two_layer_model(tmp_path: Path, tokenizer_gguf: Path) -> Iterator[tuple[Path, dict[str, object]]]:
-    """One GDN and one QSA layer at full width: 4.4 GB, deleted after the test."""
+    """One GDN and one QSA layer at full width: 4.4 GB, deleted after the test. Written only
+    where `VELO_TEST_FULL_WIDTH=1` (the device scripts set it): a CI machine's disk and minutes
+    are not for a 4 GB write, and the loader check above covers every shape without one."""
+    if os.environ.get("VELO_TEST_FULL_WIDTH") != "1":
+        pytest.skip("set VELO_TEST_FULL_WIDTH=1 to write and run a 4.4 GB two-layer model")
     if shutil.disk_usage(tmp_path).free < 10 * 2**30 or _mem_available() < 6 * 2**30:
         pytest.skip("needs 10 GiB of free disk and 6 GiB of free memory")
     path = tmp_path / "l2.gguf"

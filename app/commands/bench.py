@@ -23,7 +23,7 @@ from velo_chat.engine.bench import (
     run_bench,
     run_remote_bench,
 )
-from velo_chat.engine.bench import tools as bench_tools
+from velo_chat.engine import bench as bench_tools
 from velo_chat.engine.config import Profile
 from velo_chat.store.input_text import decode_text
 
@@ -310,7 +310,7 @@ def _run_tools(args: argparse.Namespace, profile: Profile, ple_modes: tuple[str,
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        print("\n".join([*format_table(result).splitlines()[:3], *bench_tools.format_lines(section)]))
+        print("\n".join([*format_table(result).splitlines()[:3], *bench_tools.tools_lines(section)]))
     return 0
 
 

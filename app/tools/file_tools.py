@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from velo_chat.engine import ToolCall
-from velo_chat.engine.atomic_file import atomic_write
+from velo_chat.engine.config import atomic_write
 from velo_chat.engine.config import ToolSettings
 
 from .output import count, decode

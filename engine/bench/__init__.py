@@ -13,6 +13,8 @@ from .result import BenchResult
 from .run import DEFAULT_DECODE_TOKENS, format_table, run_bench
 from .spec import with_speculation, workloads
 from .spec_source import CopyEditSource, copy_edit_source
+from .tools import RunTool, run_tools_bench, template_source, tools_profile, tools_result
+from .tools import format_lines as tools_lines
 
 __all__ = [
     "ATTACH_LINES",
@@ -27,6 +29,12 @@ __all__ = [
     "run_compact_bench",
     "run_bench",
     "run_remote_bench",
+    "RunTool",
+    "run_tools_bench",
+    "template_source",
+    "tools_lines",
+    "tools_profile",
+    "tools_result",
     "with_speculation",
     "workloads",
 ]

@@ -30,13 +30,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from .. import ChatMessage, EngineAPI, PromptTooLong, ToolCall, ToolSpec, TurnStats
+from .. import (
+    ChatMessage,
+    ChatTemplateError,
+    EngineAPI,
+    GGUFError,
+    ProfileError,
+    PromptTooLong,
+    ToolCall,
+    ToolSpec,
+    TurnStats,
+)
 from ..config import Profile, SamplingSettings, load_profile
 from ..diagnostics import Diagnostics, diagnostics
-from ..errors import ChatTemplateError, GGUFError, ProfileError
 from ..fit import read_facts
-from ..llama import gguf_file
-from ..setup.default_model import resolve_model_path
+from ..setup import chat_template_of, resolve_model_path
 from .attach import lines_that_fit
 from .result import BenchResult
 from .tools_script import SCRIPT, make_fixture, opening, pad_lines
@@ -77,7 +85,7 @@ def template_source(name_or_path: str) -> str:
             is_gguf = f.read(4) == b"GGUF"
         if not is_gguf:
             return path.read_text(encoding="utf-8")
-        source = gguf_file.read_header(path).metadata.get("tokenizer.chat_template")
+        source = chat_template_of(path)
     except ProfileError:
         raise ChatTemplateError(f"{what}: no such file, and no profile of that name") from None
     except (OSError, UnicodeDecodeError, GGUFError) as exc:

@@ -4,7 +4,7 @@ What the app uses is exported here (`locations` says where each file is, `profil
 writes profiles, `profile_schema` declares every setting); nothing here imports llama.cpp.
 """
 
-from ..atomic_file import atomic_write_text
+from ..atomic_file import atomic_write, atomic_write_text
 from ..llama.log import setup_file_logging
 from .locations import (
     checkpoints_dir,
@@ -49,6 +49,7 @@ __all__ = [
     "exports_dir",
     "log_path",
     "user_profiles_dir",
+    "atomic_write",
     "atomic_write_text",
     "setup_file_logging",
     # the schema

@@ -506,7 +506,10 @@ class ToolSettings:
         max=16384,
     )
     max_steps: int = setting(
-        25, "Most tool steps one turn may take; at the limit the turn ends normally and says so.", min=1, max=1000
+        25,
+        "Most tool steps one turn may take; at the limit the turn ends normally and says so.",
+        min=1,
+        max=1000,
     )
 
 

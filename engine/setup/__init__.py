@@ -9,6 +9,7 @@ from .default_model import (
     resolve_model_path,
 )
 from .default_model import is_present as default_model_present
+from .gguf_info import chat_template_of
 from .requantize import TYPES as REQUANTIZE_TYPES
 from .requantize import derived_name
 from .requantize import requantize as requantize_model
@@ -23,4 +24,5 @@ __all__ = [
     "require_default_model",
     "requantize_model",
     "resolve_model_path",
+    "chat_template_of",
 ]

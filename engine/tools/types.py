@@ -25,7 +25,11 @@ class ToolSpec:
         """The definition as chat templates read it (OpenAI's function tool, as HF passes it)."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
         }
 
 

@@ -2,10 +2,14 @@
 answer as Markdown, streamed incrementally.
 
 A reply's reasoning and answer arrive apart (the engine splits them, the store keeps them apart).
-While streaming, `stream_text(answer_so_far, reasoning_so_far)` writes only the new suffix of each
-into a `MarkdownStream` (`Markdown.get_stream`), which batches fragments when rendering falls
-behind; `finish` stops the streams and does one final `update` of each, so the finished message is
-parsed exactly once.
+While streaming, `stream_text(answer_so_far, reasoning_so_far)` appends only the new suffix of
+each (`Markdown.append`, which parses again from the last block only), and `finish` does one
+final `update` of each, so the finished message is parsed whole exactly once. The appends are
+awaited inside one `batch_update` with the room held below the reply (`_reserve`): the new text
+and the room land in one layout of the screen. (A `MarkdownStream`, which appends in a task of
+its own, let a frame fall between the two: two layouts of the whole screen for one update, each
+taken from the decode on a small machine. It also batches fragments when rendering falls behind,
+which the pacer does here already: `app/stream_pacer.py`, and `TokensStreamed.can_replace`.)
 
 A user message's attached files show above its text, each folded into one line (`files.py`); a
 reply's tool calls show below its text, each folded into one line too (`tool_block.py`), and a
@@ -23,7 +27,6 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
-from textual.widgets.markdown import MarkdownStream
 
 from velo_chat.store.models import Message as StoredMessage
 from velo_chat.store.models import StoredToolCall, ToolResult
@@ -89,8 +92,6 @@ class MessageView(Vertical, can_focus=True):
         self.code_index = 0  # which code block `y` copies next
         self._shown_thinking = ""
         self._shown_answer = ""
-        self._stream: MarkdownStream | None = None
-        self._thinking_stream: MarkdownStream | None = None
         self._reserved = 0  # while streaming: the height held for the reply (0: none)
         self._used = 0  # the height its text took at the last update
 
@@ -135,19 +136,18 @@ class MessageView(Vertical, can_focus=True):
     # -- streaming ----------------------------------------------------------------------------
 
     async def stream_text(self, text: str, reasoning: str = "") -> None:
-        """Show the reply so far (answer and reasoning); writes only what is new since the
-        last call."""
+        """Show the reply so far (answer and reasoning); appends only what is new since the
+        last call, in one layout with the room it holds."""
+        shown_reasoning = self._shown_thinking
         self.text, self.reasoning = text, reasoning
-        self._reserve()
-        if reasoning:
-            if self._thinking_stream is None:
-                self._sync_thinking_visibility(reasoning)
-                self._thinking_stream = Markdown.get_stream(self.query_one(".thinking-body", Markdown))
-            await self._write(self._thinking_stream, "_shown_thinking", reasoning)
-        if text:
-            if self._stream is None:
-                self._stream = Markdown.get_stream(self.query_one(".answer", Markdown))
-            await self._write(self._stream, "_shown_answer", text)
+        with self.app.batch_update():
+            self._reserve()
+            if reasoning:
+                if not shown_reasoning:
+                    self._sync_thinking_visibility(reasoning)
+                await self._append(".thinking-body", "_shown_thinking", reasoning)
+            if text:
+                await self._append(".answer", "_shown_answer", text)
 
     def _reserve(self) -> None:
         """Hold room below the streaming reply (a minimum height) so that most updates grow
@@ -167,20 +167,16 @@ class MessageView(Vertical, can_focus=True):
         self._reserved = used + room
         self.styles.min_height = self._reserved
 
-    async def _write(self, stream: MarkdownStream, attr: str, new: str) -> None:
+    async def _append(self, selector: str, attr: str, new: str) -> None:
         shown = getattr(self, attr)
-        if new.startswith(shown):
-            await stream.write(new[len(shown) :])
+        if new.startswith(shown) and len(new) > len(shown):
+            await self.query_one(selector, Markdown).append(new[len(shown) :])
         setattr(self, attr, new)  # a non-append change is fixed by `finish`'s update
 
     async def finish(
         self, text: str, status: str, message_id: int | None = None, reasoning: str = ""
     ) -> None:
         """The reply ended (complete, interrupted or failed): one final full render."""
-        for stream in (self._thinking_stream, self._stream):
-            if stream is not None:
-                await stream.stop()
-        self._stream = self._thinking_stream = None
         if self._reserved:
             self._reserved = self._used = 0
             self.styles.min_height = None

@@ -30,6 +30,7 @@ from textual.widgets import Static
 from velo_chat.store import Message
 
 from .code import WrappedCode
+from .highlight import warm_lexers
 from .message import CodeWidthChanged, MessageView, ViewStartMarker
 
 # The columns of the transcript's width a code row cannot use, by chat.tcss: the transcript's
@@ -58,6 +59,11 @@ class Transcript(VerticalScroll, can_focus=False):
         stand_in = Static("", id="transcript-frozen")
         stand_in.display = False
         yield stand_in
+
+    def on_mount(self) -> None:
+        # While the model loads, off the UI thread: the first code block's lexer then costs
+        # the decode nothing (`highlight.warm_lexers`).
+        self.run_worker(warm_lexers, thread=True, group="warm-lexers", exit_on_error=False)
 
     def _views_of(self, messages: Sequence[Message]) -> list[MessageView]:
         return [
