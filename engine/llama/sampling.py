@@ -2,8 +2,14 @@
 
 Sampling runs in C on llama.cpp's own logits: no per-token copy of the logits array into numpy.
 Temperature 0 is plain greedy (deterministic); otherwise the usual chain
-penalties -> top_k -> top_p -> min_p -> temperature -> dist(seed), with a tool-call grammar
-(`tools/grammar.py`) in front of it when the turn has one.
+penalties -> top_k -> top_p -> min_p -> temperature -> dist(seed).
+
+A tool-call grammar (`tools/grammar.py`) is checked after the draw, as llama.cpp's own common
+sampler does: the chain draws, the grammar is asked about that one token, and only when it
+rejects it is the grammar applied to the whole vocabulary and the draw made again among what it
+allows. Applying a grammar to every candidate costs milliseconds a token on a large vocabulary
+(each token's text is matched against the grammar's stacks); asking about one costs little, and
+inside a call the model's own choice is almost always one the grammar allows.
 """
 
 from __future__ import annotations
@@ -48,10 +54,14 @@ def _addr_fn(ll: object) -> Callable[[object, int], int | None]:
     return fn  # type: ignore[no-any-return]
 
 
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+"""`llama_token_data` as numpy lays it out (int32, float, float: 12 bytes, no padding)."""
+
+
 class Sampler:
-    """The chain for one turn. With a `grammar` (`tools/grammar.py`), llama.cpp's grammar
-    sampler comes first in the chain, so every later step (top-k, the draw) only sees tokens
-    the grammar allows; a lazy grammar lets everything through until a trigger matches.
+    """The chain for one turn. With a `grammar` (`tools/grammar.py`), every token it returns
+    is one the grammar allows (checked after the draw, the module docstring says why); a lazy
+    grammar lets everything through until a trigger matches.
 
     llama.cpp aborts the process (it does not raise) when the grammar is made to accept a
     token it rejects, an end-of-generation token before the grammar is complete included.
@@ -79,14 +89,13 @@ class Sampler:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = lambda s: ll.llama_sampler_chain_add(chain, s)  # noqa: E731
         s = settings
-        self._grammar: object | None = None  # the chain's grammar sampler (the chain owns it)
+        self._grammar: object | None = None  # the grammar sampler (ours to free: not in the chain)
         if grammar is not None:
             try:
                 self._grammar = _grammar_sampler(ll, grammar, vocab)
             except ValueError:
                 ll.llama_sampler_free(chain)
                 raise
-            add(self._grammar)
         penalties = s.repeat_penalty != 1.0 and s.repeat_last_n > 0
         if penalties:
             penalty = ll.llama_sampler_init_penalties(n_vocab, s.repeat_last_n, s.repeat_penalty, 0.0, 0.0)
@@ -108,9 +117,11 @@ class Sampler:
             add(ll.llama_sampler_init_dist(self.seed))
         self.chain = chain
         # a chain that is greedy alone: `pick` reads the argmax straight from the logits
-        # (never with a grammar: the argmax may be a token the grammar rejects)
-        greedy_alone = self.seed is None and not penalties and grammar is None
-        self._row = ctypes.POINTER(ctypes.c_float * n_vocab) if greedy_alone else None
+        self._greedy_alone = self.seed is None and not penalties
+        self._row_type = ctypes.POINTER(ctypes.c_float * n_vocab)
+        self._row = self._row_type if self._greedy_alone and grammar is None else None
+        self._ids = np.arange(n_vocab, dtype=np.int32) if grammar is not None else None
+        self.grammar_applies = 0  # draws the grammar rejected, made again over the vocabulary
         # the logits row's address -> a numpy view of it: llama.cpp keeps its logits buffer
         # between steps (it reallocates only for a batch with more outputs), so a step finds
         # the view it had instead of building one (a few microseconds of a token's budget)
@@ -126,8 +137,14 @@ class Sampler:
         candidate array, which costs a fast GPU step a visible share of its time on a large
         vocabulary (docs/results/speculation.md). The same token: both take the first of equal
         maxima, and a greedy chain keeps no history."""
+        if self._grammar is not None:
+            return self._sample_under_grammar(ctx, i)
         if self._row is None:
             return self._ll.llama_sampler_sample(self.chain, ctx, i)
+        return int(self._logits(ctx, i).argmax())
+
+    def _logits(self, ctx: object, i: int) -> np.ndarray:
+        """Output `i`'s logits, read in place (a view of llama.cpp's buffer)."""
         addr = self._logits_addr(ctx, i)
         if not addr:
             raise DecodeError(f"no logits for output {i} of the last batch")
@@ -135,9 +152,43 @@ class Sampler:
         if view is None:
             if len(self._views) > 64:  # buffers came and went (batches of many outputs)
                 self._views.clear()
-            row = ctypes.cast(addr, self._row).contents
+            row = ctypes.cast(addr, self._row_type).contents
             view = self._views[addr] = np.frombuffer(memoryview(row), dtype=np.float32)
-        return int(view.argmax())
+        return view
+
+    def _sample_under_grammar(self, ctx: object, i: int) -> int:
+        """Draw, ask the grammar about that token; if it rejects it, apply the grammar to every
+        candidate and draw again. The chosen token goes into the chain's history and the
+        grammar. The same steps on the same logits give the same token, so a turn resumed
+        warm samples what a cold one does."""
+        logits = self._logits(ctx, i)
+        token = self._draw(logits, constrained=False)
+        if not self.allows(token):
+            self.grammar_applies += 1
+            token = self._draw(logits, constrained=True)
+        self._ll.llama_sampler_accept(self.chain, token)
+        self._ll.llama_sampler_accept(self._grammar, token)
+        return token
+
+    def _draw(self, logits: np.ndarray, *, constrained: bool) -> int:
+        """The chain's choice over `logits` (the grammar applied first when `constrained`),
+        without recording it."""
+        ll = self._ll
+        if self._greedy_alone and not constrained:
+            return int(logits.argmax())
+        data = np.empty(len(logits), dtype=_TOKEN_DATA)
+        data["id"], data["logit"], data["p"] = self._ids, logits, 0.0
+        candidates = ll.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), len(data), -1, False
+        )
+        if constrained:
+            ll.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+            if self._greedy_alone:
+                return int(data["id"][int(data["logit"].argmax())])
+        ll.llama_sampler_apply(self.chain, ctypes.byref(candidates))
+        if candidates.selected < 0:
+            raise DecodeError("the sampler chain chose no token")
+        return int(data["id"][candidates.selected])
 
     def pick(self, ctx: object, i: int) -> int:
         """`sample(ctx, i)` for a speculation verify batch's positions (up to 17 a step)."""
@@ -163,11 +214,16 @@ class Sampler:
         if not self.allows(token):
             raise ValueError(f"token {token} does not fit the tool-call grammar at this point")
         self._ll.llama_sampler_accept(self.chain, token)
+        if self._grammar is not None:
+            self._ll.llama_sampler_accept(self._grammar, token)
 
     def close(self) -> None:
         if self.chain:
             self._ll.llama_sampler_free(self.chain)
             self.chain = None
+        if self._grammar is not None:
+            self._ll.llama_sampler_free(self._grammar)
+            self._grammar = None
 
     def __enter__(self) -> Sampler:
         return self

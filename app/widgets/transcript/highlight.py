@@ -3,13 +3,14 @@
 Textual's fence highlights its whole code again each time the block grows, so a streamed block of
 n lines costs n lines of Pygments at every update, on the UI thread that shares the cores with the
 decode (`app/stream_pacer.py`). `GrowingHighlight` keeps the lines it highlighted and lexes again
-only from a few lines before the first line that changed: the lines before those are settled (a
-line of code followed by more lines does not change its colours as the block grows, in practice).
-The lines it lexes again before the changed ones (`OVERLAP`) are checked against what they were:
-a lexer that starts there in another state than the one it had (inside a multi-line string) colours
-them differently, and then the whole block is highlighted again. A block whose language is not
-named is shown plain until the reply ends: guessing the language reads every lexer Pygments has,
-which costs more than the decode of many tokens (the message's final render guesses, once).
+only from a few lines (`OVERLAP`) before the first line that changed, and checks those few
+against what they were. Where they come out the same, the lexer was in its first state there, and
+the lines before them are kept. Where they do not (the lexer starts inside a multi-line string,
+whose closing can also turn its first lines into a docstring), it looks back four times as far,
+and so on, up to the block's first line. What it returns is what highlighting the whole block
+gives (tests/test_tui_stream_cost.py checks it after every step of a long module). A block whose
+language is not named is shown plain until the reply ends: guessing the language reads every lexer
+Pygments has, at every update (the message's final render guesses, once).
 
 It does what `textual.highlight.highlight` does (the same lexer options, theme and styles), cut
 into lines as `WrappedCode` shows them; the lines it returns are the ones of the last call where
@@ -40,9 +41,9 @@ def highlight_theme(ansi: bool, dark: bool) -> type[HighlightTheme]:
 
 
 def warm_lexers(languages: tuple[str, ...] = WARM_LANGUAGES) -> None:
-    """Build these languages' lexers now. Pygments compiles a lexer's rules the first time it
-    is used (Python's: tens of milliseconds), which would otherwise fall inside the decode of
-    the first reply with code, on the UI thread that shares the cores with it."""
+    """Build these languages' lexers now. Pygments compiles every regular expression of a
+    lexer's rules the first time it is used, which would otherwise fall inside the decode of the
+    first reply with code, on the UI thread that shares the cores with it."""
     for language in languages:
         highlight("pass", language=language)
 
