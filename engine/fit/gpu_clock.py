@@ -13,9 +13,9 @@ graphics and SM clock at under load) where it is below the SM's maximum (`clocks
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 from dataclasses import dataclass
+
+from .machine import nvidia_smi_rows
 
 log = logging.getLogger(__name__)
 
@@ -72,23 +72,8 @@ def _int(value: str) -> int | None:
 
 def gpu_clocks(timeout: float = 5.0) -> list[GpuClocks]:
     """The clocks of each GPU nvidia-smi lists (none when it is absent or fails)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    try:
-        out = subprocess.run(
-            [exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.info("nvidia-smi (clocks) failed: %s", exc)
-        return []
-    found = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4:
-            found.append(GpuClocks(parts[0], _int(parts[1]), _int(parts[2]), _int(parts[3])))
-    return found
+    return [
+        GpuClocks(parts[0], _int(parts[1]), _int(parts[2]), _int(parts[3]))
+        for parts in nvidia_smi_rows(QUERY, timeout)
+        if len(parts) == 4
+    ]

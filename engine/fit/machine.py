@@ -98,12 +98,12 @@ def _mib(value: str) -> int | None:
     return int(float(value)) << 20 if value.replace(".", "", 1).isdigit() else None
 
 
-def gpus(timeout: float = 5.0) -> list[Gpu]:
-    """The NVIDIA GPUs nvidia-smi lists (none when it is absent or fails)."""
+def nvidia_smi_rows(query: str, timeout: float = 5.0) -> list[list[str]]:
+    """`nvidia-smi --query-gpu=QUERY` as one list of stripped fields per GPU (none when the
+    tool is absent or fails: a machine without an NVIDIA driver)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return []
-    query = "name,memory.total,memory.free,driver_version"
     try:
         out = subprocess.run(
             [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
@@ -113,11 +113,15 @@ def gpus(timeout: float = 5.0) -> list[Gpu]:
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
-        log.info("nvidia-smi failed: %s", exc)
+        log.info("nvidia-smi (%s) failed: %s", query, exc)
         return []
+    return [[p.strip() for p in line.split(",")] for line in out.splitlines()]
+
+
+def gpus(timeout: float = 5.0) -> list[Gpu]:
+    """The NVIDIA GPUs nvidia-smi lists (none when it is absent or fails)."""
     found = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
+    for parts in nvidia_smi_rows("name,memory.total,memory.free,driver_version", timeout):
         if len(parts) < 4:
             continue
         total, free = _mib(parts[1]), _mib(parts[2])

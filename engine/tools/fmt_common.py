@@ -17,7 +17,7 @@ which its models write themselves (`fmt_mistral.py`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,11 +177,12 @@ def coerce(raw: str, schema: Mapping[str, Any] | None) -> Any:
 # -- scanning ---------------------------------------------------------------------------------
 
 
-def json_end(text: str, start: int) -> int | None:
-    """The end of the JSON object or array that opens at `start`, by its brackets (strings
-    and escapes skipped); None when the text ends first (the value was cut off)."""
+def json_closings(text: str, start: int, stop: int | None = None) -> Iterator[tuple[int, int]]:
+    """`(end, depth)` after each closing bracket of the JSON value that opens at `start`, by
+    its brackets (strings and escapes skipped): `end` just past the bracket, `depth` what is
+    still open. Stops at `stop` (the text's end by default)."""
     depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
+    for i in range(start, len(text) if stop is None else stop):
         ch = text[i]
         if in_string:
             if escaped:
@@ -196,9 +197,13 @@ def json_end(text: str, start: int) -> int | None:
             depth += 1
         elif ch in "}]":
             depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+            yield i + 1, depth
+
+
+def json_end(text: str, start: int) -> int | None:
+    """The end of the JSON object or array that opens at `start`; None when the text ends
+    first (the value was cut off)."""
+    return next((end for end, depth in json_closings(text, start) if depth == 0), None)
 
 
 def read_json(text: str, start: int) -> tuple[Any, int, str]:

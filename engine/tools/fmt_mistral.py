@@ -18,7 +18,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 
-from .fmt_common import CUT_OFF, BaseFormat, Found, arguments_of, read_json, trigger
+from .fmt_common import CUT_OFF, BaseFormat, Found, arguments_of, json_closings, read_json, trigger
 from .fmt_gbnf import Rules, json_text, literal
 from .types import ToolCall, ToolSpec
 
@@ -166,22 +166,4 @@ class MistralFormat(BaseFormat):
 
 def _item_ends(text: str, open_at: int, close_end: int) -> list[int]:
     """Where each top-level item of the JSON list at `open_at` ends (after its last bracket)."""
-    ends, depth, in_string, escaped = [], 0, False, False
-    for i in range(open_at, close_end):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 1:
-                ends.append(i + 1)
-    return ends
+    return [end for end, depth in json_closings(text, open_at, close_end) if depth == 1]
