@@ -190,7 +190,12 @@ def check_room(engine: EngineAPI, planned: TurnMessages, *, history: bool = True
 def empty_reply_reason(done: TurnDone) -> str | None:
     """Why a complete reply has no text at all (stored with it and said to the user), or None
     when it has some. A reply is never stored empty and complete without a reason."""
-    if done.text or done.reasoning or done.stats.finish_reason in ("cancelled", "interrupted"):
+    if (
+        done.text
+        or done.reasoning
+        or done.tool_calls
+        or done.stats.finish_reason in ("cancelled", "interrupted")
+    ):
         return None
     return f"the model ended its reply before writing anything (finish reason: {done.stats.finish_reason})"
 

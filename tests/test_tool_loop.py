@@ -153,6 +153,7 @@ def test_forced_calls_drive_a_warm_exact_loop(name, qwen_path, tmp_path):
                 assert result.decision == ("invalid" if call.error else result.decision)
                 assert call.error or result.decision in ("auto", "refused")
             assert reply.status == "complete"
+            assert "empty_reply" not in reply.stats  # a reply that is only calls is not empty
         # every step after the first starts at least from the state before the previous reply:
         # it prefills the call (re-tokenized as the template renders it) and the results only
         for k in range(1, STEPS):
