@@ -68,6 +68,7 @@ class WrappedCode(Widget):
     def __init__(self, code: Content | Sequence[Content]) -> None:
         """`code`: the highlighted code, whole or as its lines."""
         super().__init__(classes="code-rows")
+        self.auto_links = False  # no links in code (as Textual's fence), none to style per row
         self._lines = code.split("\n") if isinstance(code, Content) else list(code)
         self._width = 0  # the width the rows were cut at (0: not yet)
         self._rows: list[Content] = []
