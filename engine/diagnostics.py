@@ -105,6 +105,19 @@ class NoDiagnostics(TypeError):
     """The engine has no measurement hooks (a remote engine, the test fake)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointMemory:
+    """The checkpoint tiers' contents: RAM entries, the bytes their states stand for and the
+    bytes the tier holds for them (shared chunks once); disk entries and the bytes of the
+    model's checkpoint directory (files and packs)."""
+
+    ram_entries: int
+    ram_state_bytes: int
+    ram_held_bytes: int
+    disk_entries: int
+    disk_bytes: int
+
+
 def diagnostics(engine: EngineAPI) -> Diagnostics:
     """The measurement hooks of an in-process engine; `NoDiagnostics` for any other engine."""
     if not isinstance(engine, Engine):
@@ -290,9 +303,31 @@ class Diagnostics:
         self._engine._require()[2].clear()
 
     def flush_checkpoints(self, timeout: float | None = None) -> bool:
-        """Wait until queued checkpoint writes are on disk."""
+        """Wait until queued checkpoint writes are on disk and the RAM tier has chunked what
+        it holds."""
         checkpoints = self._engine._checkpoints
-        return checkpoints.flush(timeout) if checkpoints else True
+        return checkpoints.settle(timeout) if checkpoints else True
+
+    def checkpoint_memory(self) -> CheckpointMemory:
+        """What the checkpoints hold right now, in RAM and on disk (call `flush_checkpoints`
+        first for a settled answer)."""
+        checkpoints = self._engine._checkpoints
+        if checkpoints is None:
+            return CheckpointMemory(0, 0, 0, 0, 0)
+        ram = checkpoints.ram
+        disk = checkpoints.disk
+        disk_bytes = (
+            sum(p.stat().st_size for p in disk.dir.iterdir() if p.is_file()) if disk and disk.available else 0
+        )
+        with ram._lock:
+            entries = list(ram.entries.values())
+        return CheckpointMemory(
+            ram_entries=len(entries),
+            ram_state_bytes=sum(len(e.state) for e in entries),
+            ram_held_bytes=ram.used,
+            disk_entries=len(disk.entries) if disk else 0,
+            disk_bytes=disk_bytes,
+        )
 
     @contextlib.contextmanager
     def checkpoints_at(self, root: Path | None) -> Iterator[None]:

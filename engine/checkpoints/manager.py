@@ -88,13 +88,19 @@ class Checkpoints:
         self.exact = hybrid  # recurrent state cannot be rewound: only exact prefixes resume
         self._warnings: list[str] = []
         self._wlock = threading.Lock()
-        self.ram = RamTier(settings.ram_budget_mib * 2**20)
+        self.ram = RamTier(settings.ram_budget_mib * 2**20, chunked=settings.ram_chunks)
         self.read_bytes_s: dict[str, float] = {}  # measured restore rate per tier (the last one)
         self.disk = (
             DiskTier(root, fingerprint, state_layout(ctx), int(settings.disk_budget_gib * 2**30), self._warn)
             if settings.disk_budget_gib > 0
             else None
         )
+        if self._disk_cuts_chunks():
+            assert self.disk is not None
+            self.disk.on_chunked = self.ram.adopt  # cut once, in the writer thread, for both tiers
+
+    def _disk_cuts_chunks(self) -> bool:
+        return self.disk is not None and self.disk.available and self.disk.chunked and self.ram.chunked
 
     # -- warnings -------------------------------------------------------------------------------
 
@@ -137,7 +143,7 @@ class Checkpoints:
         models). None, with a warning, if it fails: the context is then empty."""
         t0 = time.perf_counter()
         if isinstance(cand.entry, RamEntry):
-            ok = ctx.set_state(cand.entry.state)
+            ok = ctx.set_state(cand.entry.contiguous())
             self.ram.touch(cand.entry.key)
             if not ok:
                 self.ram.drop(cand.entry.key)
@@ -185,17 +191,25 @@ class Checkpoints:
         return len(arr), len(state)
 
     def keep(self, key: str, tokens: np.ndarray, state: np.ndarray) -> None:
-        """Put a snapshot in the RAM tier and queue it for the disk: one array for both."""
+        """Put a snapshot in the RAM tier and queue it for the disk: one array for both. Its
+        chunks replace the RAM entry later, off this thread: cut by the disk writer when it
+        writes chunks, else by the RAM tier's own thread."""
         self._make_room(len(state))
-        self.ram.put(key, tokens, state)
-        if self.disk is not None:
-            self.disk.save(key, tokens, state)
+        kept = self.ram.put(key, tokens, state)
+        queued = self.disk.save(key, tokens, state) if self.disk is not None else False
+        if kept and not (queued and self._disk_cuts_chunks()):
+            self.ram.compact_later(key)
 
     def held_bytes(self) -> int:
-        """Bytes of state held in memory: RAM entries and unfinished disk writes, each array
-        once (a RAM entry and its queued write are the same array)."""
+        """Bytes of state held in memory: RAM entries (whole ones, and every pooled chunk
+        once) and unfinished disk writes, each array once (a whole RAM entry and its queued
+        write are the same array)."""
         pending = self.disk.pending() if self.disk else []
-        return self.ram.used + sum(p.nbytes for p in pending if p.name not in self.ram.entries)
+        return self.ram.used + sum(p.nbytes for p in pending if not self.ram.holds_whole(p.name))
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait for the disk writes and the RAM tier's chunking (benchmarks, tests)."""
+        return self.flush(timeout) and self.ram.settle(timeout)
 
     def _make_room(self, incoming: int) -> None:
         """Free memory until `incoming` more bytes fit in the RAM budget with everything held.
@@ -238,6 +252,7 @@ class Checkpoints:
     def close(self, timeout: float | None = None) -> bool:
         """Finish queued disk writes within `timeout` seconds (default: the profile's
         `close_timeout_s`), abandoning the rest; True if all were written."""
+        self.ram.close()
         if self.disk is None:
             return True
         return self.disk.close(self.settings.close_timeout_s if timeout is None else timeout)

@@ -161,6 +161,10 @@ class DiskTier:
         self.chunked = CHUNKED if chunked is None else chunked
         self._chunks: dict[bytes, tuple[bytes, int, int]] = {}  # digest -> (pack, offset, length)
         self.last_write: WriteReport | None = None
+        self.on_chunked: Callable[[str, ch.ChunkedState], object] | None = None
+        """Called from the writer thread with each state it has cut into chunks, once its write
+        has ended (the RAM tier keeps the same chunks instead of the whole state; before, the
+        writer holds the whole array anyway)."""
         self.fingerprint = fingerprint
         self.layout = layout
         self.budget = budget_bytes
@@ -326,8 +330,9 @@ class DiskTier:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def save(self, name: str, tokens: np.ndarray, state: np.ndarray) -> None:
-        """Queue a write (returns at once). Budget and I/O problems become warnings."""
+    def save(self, name: str, tokens: np.ndarray, state: np.ndarray) -> bool:
+        """Queue a write (returns at once); False if it is not queued (closing, unavailable, or
+        that state is saved or queued already). Budget and I/O problems become warnings."""
         with self._lock:
             if (
                 not self.available
@@ -336,12 +341,13 @@ class DiskTier:
                 or name in self._waiting
                 or (self._current is not None and self._current.name == name)
             ):
-                return
+                return False
             self._waiting[name] = _Job(name, tokens, state)
             self._changed.notify_all()
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(target=self._write_loop, name="velo-ckpt-writer", daemon=True)
                 self._writer.start()
+            return True
 
     def pending(self) -> list[PendingWrite]:
         """Writes not finished yet: the one being written first, then the waiting ones, oldest
@@ -392,10 +398,20 @@ class DiskTier:
                 log.exception("checkpoint write failed")
                 self.warn(f"could not save checkpoint: {exc}")
             finally:
+                self._hand_over(job)  # after the write: until then the writer holds the array
                 with self._lock:
                     self._current = None
                     self._changed.notify_all()
             del job  # release the state now, not when the next job arrives
+
+    def _hand_over(self, job: _Job) -> None:
+        """Give `on_chunked` the chunks just cut; its failure costs memory, never the write."""
+        if self.on_chunked is None or self._closing or not isinstance(job.payload, ch.ChunkedState):
+            return
+        try:
+            self.on_chunked(job.name, job.payload)
+        except Exception:
+            log.exception("could not hand a chunked state to the RAM tier")
 
     def _prepare(self, job: _Job) -> _Job:
         """The job with its state cut into chunks (format 3), views of its own array."""

@@ -423,6 +423,12 @@ class CheckpointSettings:
         min=0,
         max=1048576,
     )
+    ram_chunks: bool = setting(
+        True,
+        "Keep RAM-tier states as content-defined chunks shared between them (cut in the "
+        "background, after a state is saved), so the checkpoints of one long conversation hold "
+        "what each adds instead of a whole state each; off: every state whole.",
+    )
     disk_budget_gib: float = setting(
         16.0, "Disk tier budget in GiB (LRU, never exceeded).", min=0.0, max=65536.0
     )
