@@ -244,6 +244,14 @@ def _bench(sub: Subcommands) -> None:
         metavar="N",
         help="conversation size for the resume section (cold/warm/disk TTFT)",
     )
+    bench.add_argument(
+        "--session-turns",
+        type=_positive,
+        default=3,
+        metavar="N",
+        help="turns of the resume section's session (at least 2): the last one's TTFT cold, warm and "
+        "from disk, and what each follow-up's checkpoints added in RAM and on disk",
+    )
     bench.add_argument("--no-resume", action="store_true", help="skip the resume section")
     bench.add_argument(
         "--attach",

@@ -244,6 +244,8 @@ def test_bench_json_reports_every_number(velo_home):
         "1",
         "--resume-tokens",
         "1024",
+        "--session-turns",
+        "4",
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -253,8 +255,15 @@ def test_bench_json_reports_every_number(velo_home):
     assert d["tokens"] == 16 and d["tok_s"] > 0 and d["overhead"] >= 0.9
     assert d["llama_eval_ms"] > 0 and d["wall_ms"] > 0
     s = data["sections"]["resume_session"]
-    assert s["turns"] == 3 and s["disk_source"] == "disk" and s["history_reused"] >= 0.95
+    assert s["turns"] == 4 and s["disk_source"] == "disk" and s["history_reused"] >= 0.95
     assert 0 < s["disk_cached_tokens"] <= s["history_tokens"] < s["conversation_tokens"]
+    # the first turn's checkpoints hold whole states; each follow-up's share most of them
+    first, *follow = s["growth"]
+    assert len(follow) == 2 and first["ram_added_bytes"] >= first["state_bytes"]
+    for row in follow:
+        assert row["states_saved"] >= 1 and 0 < row["ram_added_bytes"] < 0.9 * row["state_bytes"]
+        assert 0 < row["disk_added_bytes"] < 0.9 * row["state_bytes"]
+    assert 0 < s["follow_up_ram_over_state"] < 0.9 and 0 < s["follow_up_disk_over_state"] < 0.9
 
 
 def test_bench_ple_compares_the_two_paths(velo_home, qwen_path):

@@ -196,6 +196,7 @@ def _local(
             decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
             repeats=args.repeats,
             resume_tokens=0 if args.no_resume else args.resume_tokens,
+            session_turns=max(2, args.session_turns),
             load=args.load,
             load_same_session=args.load_same_session,
             load_cgroup=args.load_cgroup,

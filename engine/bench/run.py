@@ -89,6 +89,7 @@ def run_bench(
     decode_tokens: int = DEFAULT_DECODE_TOKENS,
     repeats: int = 3,
     resume_tokens: int = 0,
+    session_turns: int = 3,
     load: int = 0,
     load_same_session: bool = False,
     load_cgroup: bool = False,
@@ -104,11 +105,12 @@ def run_bench(
     `thread_counts`: decode again with each fixed count (the threads section); `load`: decode
     again beside that many busy processes (the load section, with the fixed counts too;
     `load_same_session` starts them as this process's children, `load_cgroup` in a cgroup beside
-    this process's, see `engine/bench/load.py`). With `resume_tokens`, the resume section runs
-    last and closes the engine (its fresh-process probe must not share the machine with a second
-    copy). `spec_copy_tokens`: the `--spec` copy-edit reply's length (None: the whole file,
-    `spec.copy_edit_budget`). `attach_lines`: run the attach section (`attach.py`) with a file
-    of that many lines (0: not at all); it closes the engine too, for the same reason.
+    this process's, see `engine/bench/load.py`). With `resume_tokens`, the resume section (its
+    session `session_turns` long) runs last and closes the engine (its fresh-process probe must
+    not share the machine with a second copy). `spec_copy_tokens`: the `--spec` copy-edit
+    reply's length (None: the whole file, `spec.copy_edit_budget`). `attach_lines`: run the
+    attach section (`attach.py`) with a file of that many lines (0: not at all); it closes the
+    engine too, for the same reason.
     `compact`: run the compaction section (`compact.py`: a conversation filled to `compact_at`,
     its summary turn warm against cold, the continuation's first follow-up)."""
     note = on_progress or (lambda _s: None)
@@ -159,7 +161,9 @@ def run_bench(
         note("compact: a conversation filled to compact_at, its summary turn warm and cold")
         result.sections["compaction"] = bench_compact.run_compact_bench(engine)
     if resume_tokens > 0 or attach_lines > 0:
-        result.sections.update(_fresh_process_sections(engine, resume_tokens, attach_lines, note))
+        result.sections.update(
+            _fresh_process_sections(engine, resume_tokens, attach_lines, note, session_turns=session_turns)
+        )
     return result
 
 
@@ -227,7 +231,12 @@ def _prefill_rows(
 
 
 def _fresh_process_sections(
-    engine: EngineAPI, resume_tokens: int, attach_lines: int, note: Callable[[str], None]
+    engine: EngineAPI,
+    resume_tokens: int,
+    attach_lines: int,
+    note: Callable[[str], None],
+    *,
+    session_turns: int = 3,
 ) -> dict[str, Any]:
     """The sections whose last turn runs in a fresh process: resume (`resume.py`, `session.py`,
     when `resume_tokens`) and attach (`attach.py`, when `attach_lines`). Every turn of the
@@ -237,8 +246,8 @@ def _fresh_process_sections(
     with tempfile.TemporaryDirectory(prefix="velo-bench-session-") as tmp:
         session = attach = None
         if resume_tokens > 0:
-            note(f"resume: a 3-turn session of {resume_tokens} tokens, warm and cold")
-            session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens)
+            note(f"resume: a {session_turns}-turn session of {resume_tokens} tokens, warm and cold")
+            session = bench_session.prepare(engine, Path(tmp), tokens=resume_tokens, turns=session_turns)
         if attach_lines > 0:
             note(f"attach: a file of {attach_lines} lines and a follow-up, warm and cold")
             attach = bench_attach.prepare(engine, Path(tmp), lines=attach_lines)

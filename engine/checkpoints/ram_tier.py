@@ -208,7 +208,9 @@ class RamTier:
             self._unfinished += 1
             self._jobs.put(key)
             if self._compactor is None or not self._compactor.is_alive():
-                self._compactor = threading.Thread(target=self._compact_loop, name="velo-ckpt-ram", daemon=True)
+                self._compactor = threading.Thread(
+                    target=self._compact_loop, name="velo-ckpt-ram", daemon=True
+                )
                 self._compactor.start()
 
     def _compact_loop(self) -> None:
