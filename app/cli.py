@@ -245,6 +245,13 @@ def _bench(sub: Subcommands) -> None:
         help="conversation size for the resume section (cold/warm/disk TTFT)",
     )
     bench.add_argument(
+        "--ckpt-sizes",
+        metavar="N,N,...",
+        help="also run the checkpoint-sizes section: for each conversation size, the state's bytes, "
+        "what saving adds to the TTFT, the disk write, and the restore from RAM, from chunked files "
+        "and from a single file, against a cold prefill",
+    )
+    bench.add_argument(
         "--session-turns",
         type=_positive,
         default=3,

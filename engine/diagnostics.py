@@ -330,13 +330,16 @@ class Diagnostics:
         )
 
     @contextlib.contextmanager
-    def checkpoints_at(self, root: Path | None) -> Iterator[None]:
+    def checkpoints_at(self, root: Path | None, *, disk_chunked: bool | None = None) -> Iterator[None]:
         """Use another checkpoint directory (None: no checkpoints) for a while; the benchmark
-        measures cold and restored turns with the model it already has loaded."""
+        measures cold and restored turns with the model it already has loaded. `disk_chunked`:
+        the disk tier writes chunked files (format 3) or single ones (format 2) meanwhile."""
         engine = self._engine
         engine._require()
         saved = engine._checkpoints
         engine._checkpoints = None if root is None else engine._make_checkpoints(engine.profile, root)
+        if disk_chunked is not None and engine._checkpoints is not None and engine._checkpoints.disk:
+            engine._checkpoints.disk.chunked = disk_chunked
         try:
             yield
         finally:

@@ -246,6 +246,8 @@ def test_bench_json_reports_every_number(velo_home):
         "1024",
         "--session-turns",
         "4",
+        "--ckpt-sizes",
+        "128,384,9999999",
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -264,6 +266,18 @@ def test_bench_json_reports_every_number(velo_home):
         assert row["states_saved"] >= 1 and 0 < row["ram_added_bytes"] < 0.9 * row["state_bytes"]
         assert 0 < row["disk_added_bytes"] < 0.9 * row["state_bytes"]
     assert 0 < s["follow_up_ram_over_state"] < 0.9 and 0 < s["follow_up_disk_over_state"] < 0.9
+    sizes = data["sections"]["checkpoint_sizes"]
+    assert sizes["skipped"] == [9999999] and [r["size"] for r in sizes["sizes"]] == [128, 384]
+    small, large = sizes["sizes"]
+    assert 0 < small["state_bytes"] < large["state_bytes"]
+    for r in sizes["sizes"]:
+        assert r["cold"]["source"] == "none" and r["from_ram"]["source"] == "ram"
+        assert r["from_disk"]["source"] == r["from_single_file"]["source"] == "disk"
+        for restored in (r["from_ram"], r["from_disk"], r["from_single_file"]):
+            assert restored["cached_tokens"] >= r["cold"]["prompt_tokens"] - 8 and restored["restore_s"] > 0
+        assert (
+            r["memory"]["ram_entries"] >= 1 and r["file_bytes"] > 0 and r["chunked_over_single_restore"] > 0
+        )
 
 
 def test_bench_ple_compares_the_two_paths(velo_home, qwen_path):

@@ -125,6 +125,16 @@ def run(args: argparse.Namespace) -> int:
             "--compact measures the in-process engine's reuse of the history by a summary turn: "
             "not with --spec or a remote profile"
         )
+    ckpt_sizes = _sizes(args.ckpt_sizes, "--ckpt-sizes") if args.ckpt_sizes else ()
+    if ckpt_sizes and (args.spec or profile.backend.kind == "remote"):
+        raise UserError(
+            "--ckpt-sizes measures the in-process engine's checkpoints: not with --spec or a remote profile"
+        )
+    if ckpt_sizes and not profile.checkpoints.enabled:
+        raise UserError(
+            "--ckpt-sizes measures checkpoints, which this profile turns off (checkpoints.enabled)"
+        )
+    args.ckpt_size_list = ckpt_sizes
     if args.attach and (args.spec or profile.backend.kind == "remote"):
         raise UserError(
             "--attach measures the in-process engine's resume from disk in a fresh process: "
@@ -197,6 +207,7 @@ def _local(
             repeats=args.repeats,
             resume_tokens=0 if args.no_resume else args.resume_tokens,
             session_turns=max(2, args.session_turns),
+            ckpt_sizes=args.ckpt_size_list,
             load=args.load,
             load_same_session=args.load_same_session,
             load_cgroup=args.load_cgroup,

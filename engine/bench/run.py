@@ -26,6 +26,8 @@ from .load import busy_processes, format_load_lines, load_section, measure_load,
 from . import attach as bench_attach
 from . import compact as bench_compact
 from . import session as bench_session
+from .checkpoint_sizes import checkpoint_sizes_section
+from .checkpoint_sizes import format_lines as format_checkpoint_sizes
 from .resume import run_resume_bench
 from .spec import format_spec_lines, spec_section
 from .spec_source import CopyEditSource
@@ -90,6 +92,7 @@ def run_bench(
     repeats: int = 3,
     resume_tokens: int = 0,
     session_turns: int = 3,
+    ckpt_sizes: tuple[int, ...] = (),
     load: int = 0,
     load_same_session: bool = False,
     load_cgroup: bool = False,
@@ -111,6 +114,7 @@ def run_bench(
     reply's length (None: the whole file, `spec.copy_edit_budget`). `attach_lines`: run the
     attach section (`attach.py`) with a file of that many lines (0: not at all); it closes the
     engine too, for the same reason.
+    `ckpt_sizes`: run the checkpoint-sizes section (`checkpoint_sizes.py`) at those sizes.
     `compact`: run the compaction section (`compact.py`: a conversation filled to `compact_at`,
     its summary turn warm against cold, the continuation's first follow-up)."""
     note = on_progress or (lambda _s: None)
@@ -157,6 +161,8 @@ def run_bench(
                     cgroup=load_cgroup,
                 )
     diag.reset()
+    if ckpt_sizes:
+        result.sections["checkpoint_sizes"] = checkpoint_sizes_section(engine, ckpt_sizes, note)
     if compact:
         note("compact: a conversation filled to compact_at, its summary turn warm and cold")
         result.sections["compaction"] = bench_compact.run_compact_bench(engine)
@@ -302,6 +308,9 @@ def format_table(result: BenchResult) -> str:
             f"          disk/warm {r['disk_over_warm']:.2f}x   cold/disk {r['cold_over_disk']:.1f}x"
             f"   checkpoint files on disk/largest state {r['file_over_state']:.4f}",
         ]
+    cs = result.sections.get("checkpoint_sizes")
+    if cs:
+        lines += format_checkpoint_sizes(cs)
     s = result.sections.get("resume_session")
     if s:
         lines += bench_session.format_lines(s)

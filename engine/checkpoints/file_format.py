@@ -32,6 +32,7 @@ import json
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -370,59 +371,76 @@ def _runs(table: np.ndarray) -> list[tuple[bytes, int, int, int]]:
 
 class ChunkedPayload:
     """The payload of a format-3 checkpoint, read from its packs into one array and verified
-    chunk by chunk (on every core: this is on the way to a reply's first token)."""
+    chunk by chunk (on every core: this is on the way to a reply's first token). The chunks
+    are verified while the next ones are read: worker threads hash each batch of chunks as
+    soon as it is in the buffer, so the restore takes about the longer of the read and the
+    hashing, not their sum."""
+
+    VERIFY_BATCH = 4 << 20
+    """Bytes of chunks one verify task hashes (a task per 4 KiB chunk would cost more in
+    scheduling than in hashing)."""
 
     def __init__(
         self, directory: Path, table: np.ndarray, payload_bytes: int, threads: int | None = None
     ) -> None:
         buf = np.empty(payload_bytes, dtype=np.uint8)
+        ends = np.cumsum(table["length"], dtype=np.int64)
+        digests = digests_of(table)
+        workers = threads or max(1, len(os.sched_getaffinity(0)))
         files: dict[bytes, Any] = {}
-        try:
-            for pack, offset, start, length in _runs(table):
-                fh = files.get(pack)
-                if fh is None:
-                    try:
-                        fh = files[pack] = pack_path(directory, pack).open("rb")
-                    except FileNotFoundError:
-                        raise ChunkDamaged(
-                            f"chunk pack {pack.hex()} is missing", self._first(table, pack)
-                        ) from None
-                fh.seek(offset)
-                if fh.readinto(buf.data[start : start + length]) != length:
-                    raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", self._first(table, pack))
-        finally:
-            for fh in files.values():
-                fh.close()
-        self._verify(buf, table, threads)
+        tasks = []
+        checked = 0  # chunks [0, checked) are handed to a verify task
+
+        def bad_in(lo: int, hi: int) -> bytes | None:
+            start = int(ends[lo - 1]) if lo else 0
+            for i in range(lo, hi):
+                end = int(ends[i])
+                if hashlib.sha256(buf.data[start:end]).digest() != digests[i]:
+                    return bytes(digests[i])
+                start = end
+            return None
+
+        def hand_over(read_to: int, pool: ThreadPoolExecutor) -> int:
+            lo = checked
+            hi = int(np.searchsorted(ends, read_to, side="right"))
+            while lo < hi:  # batches of about VERIFY_BATCH bytes
+                base = int(ends[lo - 1]) if lo else 0
+                stop = min(
+                    hi, max(lo + 1, int(np.searchsorted(ends, base + self.VERIFY_BATCH, side="right")))
+                )
+                tasks.append(pool.submit(bad_in, lo, stop))
+                lo = stop
+            return hi
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            try:
+                for pack, offset, start, length in _runs(table):
+                    fh = files.get(pack)
+                    if fh is None:
+                        try:
+                            fh = files[pack] = pack_path(directory, pack).open("rb")
+                        except FileNotFoundError:
+                            raise ChunkDamaged(
+                                f"chunk pack {pack.hex()} is missing", self._first(table, pack)
+                            ) from None
+                    fh.seek(offset)
+                    if fh.readinto(buf.data[start : start + length]) != length:
+                        raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", self._first(table, pack))
+                    checked = hand_over(start + length, pool)
+            finally:
+                for fh in files.values():
+                    fh.close()
+                for t in tasks if sys.exc_info()[0] is not None else ():
+                    t.cancel()
+            found = [t.result() for t in tasks]
+        bad = next((d for d in found if d is not None), None)
+        if bad is not None:
+            raise ChunkDamaged(f"payload checksum mismatch (chunk {bad.hex()[:12]})", bad)
         self.view = buf.data
 
     @staticmethod
     def _first(table: np.ndarray, pack: bytes) -> bytes:
         return next(d for d, p in zip(digests_of(table), packs_of(table), strict=True) if p == pack)
-
-    @staticmethod
-    def _verify(buf: np.ndarray, table: np.ndarray, threads: int | None) -> None:
-        ends = np.cumsum(table["length"], dtype=np.int64).tolist()
-        digests = digests_of(table)
-        bounds = list(zip([0, *ends[:-1]], ends, strict=True))
-        workers = threads or max(1, min(len(bounds), len(os.sched_getaffinity(0))))
-        groups = [range(i, len(bounds), workers) for i in range(workers)]
-
-        def bad_in(group: range) -> bytes | None:
-            for i in group:
-                s, e = bounds[i]
-                if hashlib.sha256(buf.data[s:e]).digest() != digests[i]:
-                    return bytes(digests[i])
-            return None
-
-        if workers == 1:
-            found = [bad_in(groups[0])]
-        else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                found = list(pool.map(bad_in, groups))
-        bad = next((d for d in found if d is not None), None)
-        if bad is not None:
-            raise ChunkDamaged(f"payload checksum mismatch (chunk {bad.hex()[:12]})", bad)
 
     def close(self) -> None:
         self.view.release()
