@@ -32,7 +32,6 @@ import json
 import mmap
 import os
 import struct
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -349,94 +348,129 @@ def pack_path(directory: Path, pack: bytes) -> Path:
     return matches[0] if matches else directory / f"{pack.hex()}-0{PACK_SUFFIX}"
 
 
-def _runs(table: np.ndarray) -> list[tuple[bytes, int, int, int]]:
-    """(pack, pack offset, payload offset, length) of the table's contiguous runs: consecutive
-    chunks that follow each other in one pack are read with one call."""
-    starts = np.concatenate(([0], np.cumsum(table["length"], dtype=np.int64)[:-1]))
-    runs: list[tuple[bytes, int, int, int]] = []
-    for pack, offset, length, start in zip(
-        packs_of(table),
-        table["offset"].tolist(),
-        table["length"].tolist(),
-        starts.tolist(),
-        strict=True,
-    ):
-        if runs and runs[-1][0] == pack and runs[-1][1] + runs[-1][3] == offset:
-            p, o, s, n = runs[-1]
-            runs[-1] = (p, o, s, n + length)
-        else:
-            runs.append((pack, offset, start, length))
-    return runs
+@dataclass(frozen=True)
+class _Run:
+    """Consecutive chunks of a table that also follow each other in one pack: one read."""
+
+    pack: bytes
+    offset: int  # in the pack
+    start: int  # in the payload
+    length: int
+    first: int  # chunk indices [first, stop)
+    stop: int
+
+
+def _runs(table: np.ndarray) -> list[_Run]:
+    """The table's runs, in payload order."""
+    n = len(table)
+    if n == 0:
+        return []
+    lengths = table["length"].astype(np.int64)
+    offsets = table["offset"].astype(np.int64)
+    packs = table["pack"]
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    breaks = np.ones(n, dtype=bool)
+    breaks[1:] = (packs[1:] != packs[:-1]) | (offsets[1:] != offsets[:-1] + lengths[:-1])
+    firsts = np.flatnonzero(breaks)
+    stops = np.append(firsts[1:], n)
+    return [
+        _Run(bytes(packs[f]), int(offsets[f]), int(starts[f]), int(ends[e - 1] - starts[f]), int(f), int(e))
+        for f, e in zip(firsts.tolist(), stops.tolist(), strict=True)
+    ]
 
 
 class ChunkedPayload:
     """The payload of a format-3 checkpoint, read from its packs into one array and verified
-    chunk by chunk (on every core: this is on the way to a reply's first token). The chunks
-    are verified while the next ones are read: worker threads hash each batch of chunks as
-    soon as it is in the buffer, so the restore takes about the longer of the read and the
-    hashing, not their sum."""
+    chunk by chunk (on every core: this is on the way to a reply's first token).
+
+    Each pack is read in its own order (its runs sorted by offset, after telling the kernel
+    which ranges will be read, so that it reads ahead), with `pread` into the run's place in
+    the buffer; worker threads hash the chunks of each run as soon as it is in, so the restore
+    takes about the longer of the read and the hashing, not their sum."""
 
     VERIFY_BATCH = 4 << 20
-    """Bytes of chunks one verify task hashes (a task per 4 KiB chunk would cost more in
+    """Bytes of chunks one verify task hashes, about (a task per 4 KiB chunk would cost more in
     scheduling than in hashing)."""
 
     def __init__(
         self, directory: Path, table: np.ndarray, payload_bytes: int, threads: int | None = None
     ) -> None:
         buf = np.empty(payload_bytes, dtype=np.uint8)
-        ends = np.cumsum(table["length"], dtype=np.int64)
+        ends = np.cumsum(table["length"], dtype=np.int64).tolist()
         digests = digests_of(table)
         workers = threads or max(1, len(os.sched_getaffinity(0)))
-        files: dict[bytes, Any] = {}
-        tasks = []
-        checked = 0  # chunks [0, checked) are handed to a verify task
+        by_pack: dict[bytes, list[_Run]] = {}
+        for run in _runs(table):
+            by_pack.setdefault(run.pack, []).append(run)
 
-        def bad_in(lo: int, hi: int) -> bytes | None:
-            start = int(ends[lo - 1]) if lo else 0
-            for i in range(lo, hi):
-                end = int(ends[i])
-                if hashlib.sha256(buf.data[start:end]).digest() != digests[i]:
-                    return bytes(digests[i])
-                start = end
+        def bad_in(ranges: list[tuple[int, int]]) -> bytes | None:
+            for lo, hi in ranges:
+                start = ends[lo - 1] if lo else 0
+                for i in range(lo, hi):
+                    if hashlib.sha256(buf.data[start : ends[i]]).digest() != digests[i]:
+                        return bytes(digests[i])
+                    start = ends[i]
             return None
 
-        def hand_over(read_to: int, pool: ThreadPoolExecutor) -> int:
-            lo = checked
-            hi = int(np.searchsorted(ends, read_to, side="right"))
-            while lo < hi:  # batches of about VERIFY_BATCH bytes
-                base = int(ends[lo - 1]) if lo else 0
-                stop = min(
-                    hi, max(lo + 1, int(np.searchsorted(ends, base + self.VERIFY_BATCH, side="right")))
-                )
-                tasks.append(pool.submit(bad_in, lo, stop))
-                lo = stop
-            return hi
+        tasks: list[Any] = []
+        batch: list[tuple[int, int]] = []
+        batch_bytes = 0
+
+        def verify(run: _Run | None, pool: ThreadPoolExecutor) -> None:
+            """Hash `run`'s chunks in batches of about VERIFY_BATCH bytes (None: the rest)."""
+            nonlocal batch, batch_bytes
+            if run is not None:
+                batch.append((run.first, run.stop))
+                batch_bytes += run.length
+            if batch and (run is None or batch_bytes >= self.VERIFY_BATCH):
+                tasks.append(pool.submit(bad_in, batch))
+                batch, batch_bytes = [], 0
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             try:
-                for pack, offset, start, length in _runs(table):
-                    fh = files.get(pack)
-                    if fh is None:
-                        try:
-                            fh = files[pack] = pack_path(directory, pack).open("rb")
-                        except FileNotFoundError:
-                            raise ChunkDamaged(
-                                f"chunk pack {pack.hex()} is missing", self._first(table, pack)
-                            ) from None
-                    fh.seek(offset)
-                    if fh.readinto(buf.data[start : start + length]) != length:
-                        raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", self._first(table, pack))
-                    checked = hand_over(start + length, pool)
-            finally:
-                for fh in files.values():
-                    fh.close()
-                for t in tasks if sys.exc_info()[0] is not None else ():
+                for pack, runs in by_pack.items():
+                    runs.sort(key=lambda r: r.offset)
+                    self._read_pack(directory, table, pack, runs, buf, lambda r: verify(r, pool))
+                verify(None, pool)
+            except BaseException:
+                for t in tasks:
                     t.cancel()
+                raise
             found = [t.result() for t in tasks]
         bad = next((d for d in found if d is not None), None)
         if bad is not None:
             raise ChunkDamaged(f"payload checksum mismatch (chunk {bad.hex()[:12]})", bad)
         self.view = buf.data
+
+    @classmethod
+    def _read_pack(
+        cls,
+        directory: Path,
+        table: np.ndarray,
+        pack: bytes,
+        runs: list[_Run],
+        buf: np.ndarray,
+        done: Callable[[_Run], None],
+    ) -> None:
+        try:
+            fd = os.open(pack_path(directory, pack), os.O_RDONLY)
+        except FileNotFoundError:
+            raise ChunkDamaged(f"chunk pack {pack.hex()} is missing", cls._first(table, pack)) from None
+        try:
+            if hasattr(os, "posix_fadvise"):
+                for run in runs:
+                    os.posix_fadvise(fd, run.offset, run.length, os.POSIX_FADV_WILLNEED)
+            for run in runs:
+                got = 0
+                while got < run.length:  # pread may return less than asked
+                    n = os.preadv(fd, [buf.data[run.start + got : run.start + run.length]], run.offset + got)
+                    if n == 0:
+                        raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", cls._first(table, pack))
+                    got += n
+                done(run)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _first(table: np.ndarray, pack: bytes) -> bytes:
