@@ -384,11 +384,15 @@ class ChunkedPayload:
     """The payload of a format-3 checkpoint, read from its packs into one array and verified
     chunk by chunk (on every core: this is on the way to a reply's first token).
 
-    Each pack is read in its own order (its runs sorted by offset, after telling the kernel
-    which ranges will be read, so that it reads ahead), with `pread` into the run's place in
-    the buffer; worker threads hash the chunks of each run as soon as it is in, so the restore
-    takes about the longer of the read and the hashing, not their sum."""
+    The packs are read at once (`READERS`), each in its own order (its runs sorted by offset,
+    after telling the kernel which ranges will be read, so that it reads ahead), with `pread`
+    into the run's place in the buffer; worker threads hash the chunks of each batch of runs as
+    soon as it is in, so the restore takes about the longer of the read and the hashing, not
+    their sum."""
 
+    READERS = 4
+    """Packs read at once: a restore's chunks sit in several packs, and a disk serves
+    concurrent reads faster than one after the other."""
     VERIFY_BATCH = 4 << 20
     """Bytes of chunks one verify task hashes, about (a task per 4 KiB chunk would cost more in
     scheduling than in hashing)."""
@@ -413,30 +417,31 @@ class ChunkedPayload:
                     start = ends[i]
             return None
 
-        tasks: list[Any] = []
-        batch: list[tuple[int, int]] = []
-        batch_bytes = 0
-
-        def verify(run: _Run | None, pool: ThreadPoolExecutor) -> None:
-            """Hash `run`'s chunks in batches of about VERIFY_BATCH bytes (None: the rest)."""
-            nonlocal batch, batch_bytes
-            if run is not None:
-                batch.append((run.first, run.stop))
-                batch_bytes += run.length
-            if batch and (run is None or batch_bytes >= self.VERIFY_BATCH):
-                tasks.append(pool.submit(bad_in, batch))
-                batch, batch_bytes = [], 0
-
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        tasks: list[Any] = []  # appended to by the readers (list.append is atomic)
+        with ThreadPoolExecutor(max_workers=workers) as hashers:
+            readers = ThreadPoolExecutor(max_workers=min(len(by_pack), self.READERS) or 1)
+            reads: list[Any] = []
             try:
-                for pack, runs in by_pack.items():
-                    runs.sort(key=lambda r: r.offset)
-                    self._read_pack(directory, table, pack, runs, buf, lambda r: verify(r, pool))
-                verify(None, pool)
+                reads = [
+                    readers.submit(
+                        self._read_pack,
+                        directory,
+                        table,
+                        pack,
+                        sorted(runs, key=lambda r: r.offset),
+                        buf,
+                        lambda ranges: tasks.append(hashers.submit(bad_in, ranges)),
+                    )
+                    for pack, runs in by_pack.items()
+                ]
+                for r in reads:
+                    r.result()  # a missing or short pack raises here
             except BaseException:
-                for t in tasks:
+                for t in [*reads, *tasks]:
                     t.cancel()
                 raise
+            finally:
+                readers.shutdown(wait=True)
             found = [t.result() for t in tasks]
         bad = next((d for d in found if d is not None), None)
         if bad is not None:
@@ -451,12 +456,16 @@ class ChunkedPayload:
         pack: bytes,
         runs: list[_Run],
         buf: np.ndarray,
-        done: Callable[[_Run], None],
+        verify: Callable[[list[tuple[int, int]]], None],
     ) -> None:
+        """Read one pack's `runs` (sorted by offset) into `buf`, handing their chunk ranges to
+        `verify` in batches of about VERIFY_BATCH bytes."""
         try:
             fd = os.open(pack_path(directory, pack), os.O_RDONLY)
         except FileNotFoundError:
             raise ChunkDamaged(f"chunk pack {pack.hex()} is missing", cls._first(table, pack)) from None
+        batch: list[tuple[int, int]] = []
+        batch_bytes = 0
         try:
             if hasattr(os, "posix_fadvise"):
                 for run in runs:
@@ -468,7 +477,13 @@ class ChunkedPayload:
                     if n == 0:
                         raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", cls._first(table, pack))
                     got += n
-                done(run)
+                batch.append((run.first, run.stop))
+                batch_bytes += run.length
+                if batch_bytes >= cls.VERIFY_BATCH:
+                    verify(batch)
+                    batch, batch_bytes = [], 0
+            if batch:
+                verify(batch)
         finally:
             os.close(fd)
 
