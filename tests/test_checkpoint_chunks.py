@@ -130,3 +130,45 @@ def test_format_2_files_still_restore_and_orphan_packs_are_collected(tmp_path):
     assert not orphan.exists()
     assert again.entries["old"].table is None and restored(again, "old") == old.tobytes()
     again.close()
+
+
+def _rewrite_header(t: DiskTier, name: str, **changes) -> None:
+    """Write checkpoint `name` again with some header fields changed (its packs kept)."""
+    entry = t.entries[name]
+    header = cf.CheckpointHeader(**{**vars(entry.header), **changes})
+    cf.write_manifest(t.dir, name, header, entry.tokens, entry.table)
+
+
+def test_a_restore_checks_the_whole_state_digest_and_reads_files_without_one(tmp_path):
+    all_cells = cells(1000)
+    state = kv_state(all_cells)
+    t = tier(tmp_path)
+    t.save("one", np.arange(1000, dtype=np.int32), state)
+    assert t.flush(60)
+    assert t.entries["one"].header.state_sha256 == cf.payload_digest(state)
+    t.close()
+    # a file written before the whole-state digest: checked chunk by chunk, and restored
+    old = tier(tmp_path)
+    _rewrite_header(old, "one", state_sha256="")
+    old.close()
+    again = tier(tmp_path)
+    assert again.entries["one"].header.state_sha256 == ""
+    assert restored(again, "one") == state.tobytes()
+    again.close()
+
+
+def test_a_state_digest_that_no_chunk_explains_discards_only_that_checkpoint(tmp_path):
+    all_cells = cells(1200)
+    warnings: list[str] = []
+    t = tier(tmp_path, warnings)
+    t.save("one", np.arange(1000, dtype=np.int32), kv_state(all_cells[:1000]))
+    t.save("two", np.arange(1200, dtype=np.int32), kv_state(all_cells[:1200]))
+    assert t.flush(60)
+    _rewrite_header(t, "two", state_sha256="sha256-16MiB:" + "0" * 64)
+    t.close()
+    t = tier(tmp_path, warnings)
+    assert restored(t, "two") is None
+    assert set(t.entries) == {"one"}  # its chunks are sound: the checkpoint that shares them stays
+    assert any("the state, not a chunk" in w for w in warnings)
+    assert restored(t, "one") == kv_state(all_cells[:1000]).tobytes()
+    t.close()

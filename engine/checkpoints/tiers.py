@@ -83,6 +83,7 @@ class _Job:
     name: str
     tokens: np.ndarray
     payload: np.ndarray | ch.ChunkedState
+    whole: np.ndarray | None = None  # the state as one array, when the payload is its chunks
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,9 @@ class DiskTier:
             payload: cf.MappedPayload | cf.ChunkedPayload
             if header.n_chunks:
                 table = cf.read_chunk_table(entry.path, header, offset)
-                payload = cf.ChunkedPayload(self.dir, table, header.payload_bytes)
+                payload = cf.ChunkedPayload(
+                    self.dir, table, header.payload_bytes, state_sha256=header.state_sha256
+                )
             else:
                 payload = cf.MappedPayload(entry.path, offset, header.payload_bytes, header.payload_sha256)
         except cf.ChunkDamaged as exc:
@@ -417,7 +420,7 @@ class DiskTier:
         """The job with its state cut into chunks (format 3), views of its own array."""
         if not self.chunked or isinstance(job.payload, ch.ChunkedState):
             return job
-        return _Job(job.name, job.tokens, ch.split(job.payload))
+        return _Job(job.name, job.tokens, ch.split(job.payload), whole=job.payload)
 
     def _should_stop(self) -> bool:
         """Asked between the chunks of a write: True once close() has given up waiting."""
@@ -475,7 +478,13 @@ class DiskTier:
         return cf.ChunkedWrite(path if pieces else None, pieces, table, len(state))
 
     def _write_chunked(self, job: _Job) -> None:
-        state = job.payload if isinstance(job.payload, ch.ChunkedState) else ch.split(job.payload)
+        if isinstance(job.payload, ch.ChunkedState):
+            state, whole = job.payload, job.whole
+        else:
+            state, whole = ch.split(job.payload), job.payload
+        # the whole state's digest too: a restore checks it in 16 MiB blocks on every core,
+        # much faster than a digest per chunk (those name a damaged chunk when it fails)
+        state_sha256 = cf.payload_digest(whole, threads=1) if whole is not None else ""
         plan = self._plan(state)
         if plan.new_bytes < len(state) and not self._fits_sharing(plan, state):
             plan = self._plan(state, share=False)  # the old packs can go: start a new one
@@ -487,6 +496,7 @@ class DiskTier:
             payload_bytes=len(state),
             payload_sha256=cf.table_digest(plan.table),
             n_chunks=len(plan.table),
+            state_sha256=state_sha256,
         )
         manifest = cf.file_size_for(
             header.n_tokens, cf.TABLE_ENTRY.itemsize * header.n_chunks, len(header.to_json())
