@@ -79,17 +79,52 @@ def test_each_term_is_within_ten_percent_of_what_llama_cpp_allocates(model_path:
         **{k: v for k, v in sections.items() if k != "model"},
     )
     facts = read_facts(model_path)
-    terms = estimate.estimate(profile, facts)
+    # a CUDA build runs large micro-batches on the GPU even with no layer there (op offload)
+    gpu_offload = machine.probe().gpu_offload
+    terms = estimate.estimate(profile, facts, gpu_offload=gpu_offload)
     got = _measure(model_path, profile)
 
-    compared = {c.what: c for c in llama_buffers.compare(terms, got)}
+    compared = {(c.what, c.device): c for c in llama_buffers.compare(terms, got)}
     want = {"weights", "KV", "output", "compute"} | ({"recurrent"} if facts.hybrid else set())
-    assert set(compared) == want, got.lines  # a term for every buffer, a buffer for every term
+    want_gpu = {"compute"} if gpu_offload else set()
+    # a term for every buffer, a buffer for every term
+    assert set(compared) == {(w, "CPU") for w in want} | {(w, "GPU") for w in want_gpu}, got.lines
     for c in compared.values():
-        assert c.device == "CPU" and c.close, c.describe()
+        assert c.close, c.describe()
     ple = next((t for t in terms if t.key == "ple"), None)
     if ple is not None and ple.place == estimate.CACHE:  # the lazy table has its own mapping
         assert any(llama_buffers.Comparison("ple", "CPU", ple.bytes, n).close for n in got.sizes("model"))
+
+
+# What llama.cpp's CUDA build allocated for the tiny qwen4exp with `n_gpu_layers = 0` on an
+# H100 (2026-12-07, docs/results/scale.md): the GPU's compute buffer and the pinned host one, MiB.
+OP_OFFLOAD_ON_AN_H100 = {
+    "qwen-test": (3.02, 0.45),
+    "qwen-lazy-nofa": (51.59, 10.36),
+    "qwen-long": (89.68, 24.59),
+}
+
+
+@pytest.mark.parametrize("case", list(OP_OFFLOAD_ON_AN_H100))
+def test_with_no_layer_on_the_gpu_a_cuda_build_still_computes_there(qwen_path: Path, case: str):
+    """Checked here against what a CUDA build allocated (the table above), so that a machine
+    without a GPU keeps the op-offload terms right; the GPU machine checks them live in
+    `test_each_term_is_within_ten_percent_of_what_llama_cpp_allocates`."""
+    sections = CASES[case][1]
+    profile = test_profile(
+        qwen_path,
+        model={"n_gpu_layers": 0, **sections.get("model", {})},
+        **{k: v for k, v in sections.items() if k != "model"},
+    )
+    terms = {t.key: t for t in estimate.estimate(profile, read_facts(qwen_path), gpu_offload=True)}
+    gpu, host = OP_OFFLOAD_ON_AN_H100[case]
+    for key, measured in (("compute_gpu", gpu), ("compute_cpu", host)):
+        got = terms[key].bytes / 2**20
+        assert abs(got - measured) <= 0.1 * measured, (key, got, measured, terms[key].formula)
+    assert terms["compute_gpu"].place == estimate.GPU and "cuda" in terms
+    # without a GPU in the build, the same profile computes on the CPU only
+    cpu_only = {t.key: t for t in estimate.estimate(profile, read_facts(qwen_path))}
+    assert "compute_gpu" not in cpu_only and "cuda" not in cpu_only
 
 
 GPU_CASES = {

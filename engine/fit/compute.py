@@ -81,7 +81,9 @@ def block_tables(facts: ModelFacts, n_ctx: int) -> int:
     return n_ctx * 8 + -(-n_ctx // r) * 16 if r else 0
 
 
-def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool = False) -> tuple[int, str]:
+def compute_bytes(
+    profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool = False, fa: bool | None = None
+) -> tuple[int, str]:
     """llama.cpp's compute buffer (on the CPU, or the GPU's when every layer is offloaded),
     estimated. The graph allocator reuses memory, so the buffer is the largest of its peaks:
     the logits of a full micro-batch (n_ubatch x n_vocab f32, plus 8 bytes per embedding value
@@ -92,7 +94,7 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     block bias and, without flash attention, the scores are there: the peak of small micro-batches
     and of the one-token graph llama.cpp also reserves."""
     ub = ubatch_of(profile)
-    fa = flash_attn_on(profile, facts, cuda)
+    fa = flash_attn_on(profile, facts, cuda) if fa is None else fa
     logits = ub * (4 * facts.n_vocab + 8 * facts.n_embd)
     logits_f = f"logits {ub} x ({facts.n_vocab:,} x 4 B + {facts.n_embd} x 8 B) = {fmt(logits)}"
     if not facts.kv_layers:
@@ -134,16 +136,18 @@ def compute_bytes(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool
     return best, "max(" + ", ".join(peaks) + ")"
 
 
-def graph_inputs(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool = True) -> tuple[int, str]:
+def graph_inputs(
+    profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool = True, fa: bool | None = None
+) -> tuple[int, str]:
     """The compute graph's inputs for a full micro-batch. llama.cpp fills them on the host, so
     with layers on a GPU they are allocated in the CPU backend's buffer (CUDA_Host, pinned), all
     at the start of the graph, and copied to the GPU where its nodes read them: token ids, the
     f32 embeddings input (for a micro-batch of embeddings instead of tokens; allocated either
     way), positions, output rows, the KQ mask, the cache rows written (V's per value without
     flash attention: it is stored transposed), the indexer's block tables and per-block bias,
-    and the PLE row ids."""
+    and the PLE row ids. `fa`: flash attention as resolved, when not by where the layers are."""
     ub = ubatch_of(profile)
-    fa = flash_attn_on(profile, facts, cuda)
+    fa = flash_attn_on(profile, facts, cuda) if fa is None else fa
     parts: list[tuple[str, float]] = [
         ("tokens", 4 * ub),
         (f"embeddings ({ub} x {facts.n_embd} x 4 B, unused with tokens)", 4 * ub * facts.n_embd),
@@ -168,6 +172,25 @@ def graph_inputs(profile: Profile, facts: ModelFacts, n_ctx: int, *, cuda: bool 
     parts.append((f"alignment ({n} inputs x 32 B)", 32 * n))
     total, formula = _sum(parts)
     return int(total), formula
+
+
+OP_OFFLOAD_MIN_BATCH = 32
+"""llama.cpp's CUDA backend takes the operations of a CPU layer whose batch is at least this
+(`op_offload`, on by default): a micro-batch that large runs its matrix products on the GPU."""
+
+
+def op_offload_peak(profile: Profile, facts: ModelFacts, n_ctx: int) -> tuple[int, str]:
+    """The GPU's compute buffer when no layer is on it but the build has a GPU: llama.cpp runs
+    a full micro-batch's operations there, copying each weight it needs into the buffer. The
+    peak is the graph's own (flash attention resolved as for the CPU, where the layers are), or
+    the largest weight a product reads with its input and output rows, if larger."""
+    fa = flash_attn_on(profile, facts)
+    graph, graph_f = compute_bytes(profile, facts, n_ctx, cuda=True, fa=fa)
+    w, ne0, ne1 = facts.largest_matmul
+    ub = ubatch_of(profile)
+    copy = w + 4 * ub * (ne0 + ne1)
+    copy_f = f"the largest weight {size(w)} + {ub} x ({ne0:,} + {ne1:,}) x 4 B = {size(copy)}"
+    return (graph, graph_f) if graph >= copy else (copy, copy_f)
 
 
 def cpu_split(profile: Profile, facts: ModelFacts, ple_gpu: bool) -> tuple[int, str]:

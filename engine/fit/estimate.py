@@ -23,7 +23,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.profile_schema import Profile
-from .compute import attention_on_cpu, compute_bytes, cpu_split, cuda_ssm_conv, fa_on_cpu, graph_inputs
+from .compute import (
+    OP_OFFLOAD_MIN_BATCH,
+    attention_on_cpu,
+    compute_bytes,
+    cpu_split,
+    cuda_ssm_conv,
+    fa_on_cpu,
+    flash_attn_on,
+    graph_inputs,
+    op_offload_peak,
+    ubatch_of,
+)
 from .model_facts import ModelFacts
 from .sizes import GIB, MIB, fmt, row_bytes, size
 
@@ -147,7 +158,7 @@ def estimate(
         *_ple_table(profile, facts, lazy),
         *_kv_cache(profile, facts, place, n_ctx),
         *_recurrent_state(profile, facts, place),
-        *_buffers(profile, facts, split, n_ctx),
+        *_buffers(profile, facts, split, n_ctx, op_offload=gpu_offload and not place.any_gpu),
     ]
     return terms + _checkpoints(profile, facts, terms)
 
@@ -308,9 +319,29 @@ def _recurrent_state(profile: Profile, facts: ModelFacts, place: Placement) -> l
     ]
 
 
-def _buffers(profile: Profile, facts: ModelFacts, split: WeightSplit, n_ctx: int) -> list[Term]:
-    """The logits output and the compute buffers."""
+def _buffers(
+    profile: Profile, facts: ModelFacts, split: WeightSplit, n_ctx: int, *, op_offload: bool = False
+) -> list[Term]:
+    """The logits output and the compute buffers. `op_offload`: no layer is on the GPU but the
+    build has one, which then runs the large micro-batches' operations (`op_offload_peak`)."""
     output = Term("output", "logits output", facts.n_vocab * 4 * N_SEQ, RAM, f"{facts.n_vocab:,} x 4 B")
+    if op_offload and ubatch_of(profile) >= OP_OFFLOAD_MIN_BATCH:
+        comp, formula = op_offload_peak(profile, facts, n_ctx)
+        fa = flash_attn_on(profile, facts)
+        inputs, inputs_f = graph_inputs(profile, facts, n_ctx, fa=fa)
+        work, work_f = cpu_split(profile, facts, ple_gpu=False)
+        return [
+            output,
+            Term("compute_gpu", "compute buffer (GPU, large micro-batches offloaded)", comp, GPU, formula),
+            Term(
+                "compute_cpu",
+                "compute buffer (CPU side, pinned)",
+                inputs + work,
+                RAM,
+                f"graph inputs {inputs_f} = {fmt(inputs)}; {work_f}",
+            ),
+            Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"),
+        ]
     if not split.out_gpu:
         comp, formula = compute_bytes(profile, facts, n_ctx)
         return [output, Term("compute_cpu", "compute buffer (CPU)", comp, RAM, formula)]

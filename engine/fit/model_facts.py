@@ -80,6 +80,9 @@ class ModelFacts:
     ssm_conv: int = 0  # the recurrent layers' conv kernel (ssm.conv_kernel)
     ssm_channels: int = 0  # values per token the conv reads (inner + 2 x groups x state)
     ssm_conv_bytes: int = 0  # the recurrent layers' conv weights (blk.N.ssm_conv1d), all layers
+    # the largest weight a matrix multiplication reads (not a row lookup: token embeddings and
+    # the PLE table are gathered by rows): bytes, and its input and output widths (ne0, ne1)
+    largest_matmul: tuple[int, int, int] = (0, 0, 0)
     spans: tuple[Span, ...] = ()  # every tensor's data range, for the mapped buffer
 
     @property
@@ -151,6 +154,7 @@ def read_facts(path: Path) -> ModelFacts:
         ssm_conv=r.conv,
         ssm_channels=r.channels,
         ssm_conv_bytes=t.conv_bytes,
+        largest_matmul=t.largest_matmul,
         spans=tuple(t.spans),
         head_dim_k=heads.key_length or n_embd // max(heads.n_head, 1),
         head_dim_v=heads.value_length or heads.key_length or n_embd // max(heads.n_head, 1),
@@ -172,6 +176,7 @@ class _Tensors:
     ple_offset: int = 0
     ple_shard: Path | None = None
     conv_bytes: int = 0
+    largest_matmul: tuple[int, int, int] = (0, 0, 0)
     spans: list[Span] = field(default_factory=list)
 
     @classmethod
@@ -191,6 +196,8 @@ class _Tensors:
 
     def _add(self, t: gguf_file.TensorInfo, size: int, h: gguf_file.GGUFHeader, n_layer: int) -> str:
         """Count one tensor of `size` bytes where it belongs; its `Span.group`."""
+        if len(t.shape) >= 2 and not t.name.startswith(INPUT_TENSORS) and size > self.largest_matmul[0]:
+            self.largest_matmul = (size, int(t.shape[0]), int(t.shape[1]))
         m = _BLOCK.match(t.name)
         if m and int(m.group(1)) < n_layer:
             il = int(m.group(1))
