@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from velo_chat.engine.fit.residency import drop_from_page_cache
 from velo_chat.engine.config import locations
 from velo_chat.engine.fit import residency
 
@@ -88,12 +89,7 @@ def test_residency_sees_a_file_read_and_then_evicted(tmp_path: Path):
 
 
 def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_from_page_cache([path])
 
 
 def test_warm_reads_an_evicted_range_back_with_progress(tmp_path: Path):

@@ -17,7 +17,6 @@ Only the turn's own times are compared; sizes larger than the context are left o
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -28,23 +27,9 @@ from typing import Any
 from .result import conversation_of
 from .. import ChatMessage, EngineAPI, TurnStats
 from ..diagnostics import CHECKPOINT_SUFFIX, Diagnostics, diagnostics, read_checkpoint_header
+from ..fit.residency import drop_from_page_cache
 
 log = logging.getLogger(__name__)
-
-
-def drop_from_page_cache(paths: Iterable[Path]) -> bool:
-    """Write `paths` out and ask the kernel to forget their pages, so the next read comes from
-    the disk; False where that cannot be asked (no `posix_fadvise`)."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return True
 
 
 def _turn(diag: Diagnostics, conv: list[ChatMessage]) -> dict[str, Any]:

@@ -330,18 +330,10 @@ def _buffers(
         fa = flash_attn_on(profile, facts)
         inputs, inputs_f = graph_inputs(profile, facts, n_ctx, fa=fa)
         work, work_f = cpu_split(profile, facts, ple_gpu=False)
-        return [
-            output,
-            Term("compute_gpu", "compute buffer (GPU, large micro-batches offloaded)", comp, GPU, formula),
-            Term(
-                "compute_cpu",
-                "compute buffer (CPU side, pinned)",
-                inputs + work,
-                RAM,
-                f"graph inputs {inputs_f} = {fmt(inputs)}; {work_f}",
-            ),
-            Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"),
-        ]
+        gpu_side = Term(
+            "compute_gpu", "compute buffer (GPU, large micro-batches offloaded)", comp, GPU, formula
+        )
+        return [output, *_gpu_and_pinned(gpu_side, (inputs, inputs_f), (work, work_f))]
     if not split.out_gpu:
         comp, formula = compute_bytes(profile, facts, n_ctx)
         return [output, Term("compute_cpu", "compute buffer (CPU)", comp, RAM, formula)]
@@ -355,15 +347,21 @@ def _buffers(
     if fa_on_cpu(profile, facts, cuda=True):  # one more CPU split: the largest counts
         fa_extra, fa_f = attention_on_cpu(profile, facts, n_ctx)
         work, work_f = max(work, fa_extra), f"the larger of {work_f} and {fa_f}"
+    gpu_side = Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula)
+    return [output, *_gpu_and_pinned(gpu_side, (inputs, inputs_f), (work, work_f))]
+
+
+def _gpu_and_pinned(gpu_side: Term, inputs: tuple[int, str], work: tuple[int, str]) -> list[Term]:
+    """The GPU's compute buffer, the CPU side's (pinned: the graph's inputs and the CPU's own
+    work), and the CUDA context."""
     return [
-        output,
-        Term("compute_gpu", "compute buffer (GPU)", comp, GPU, formula),
+        gpu_side,
         Term(
             "compute_cpu",
             "compute buffer (CPU side, pinned)",
-            inputs + work,
+            inputs[0] + work[0],
             RAM,
-            f"graph inputs {inputs_f} = {fmt(inputs)}; {work_f}",
+            f"graph inputs {inputs[1]} = {fmt(inputs[0])}; {work[1]}",
         ),
         Term("cuda", "CUDA context", CUDA_CONTEXT, GPU, "an estimate; not yet measured"),
     ]

@@ -12,7 +12,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,3 +131,19 @@ def warm(
     finally:
         os.close(fd)
     return resident(path, offset, length)
+
+
+def drop_from_page_cache(paths: Iterable[Path]) -> bool:
+    """Write `paths` out and ask the kernel to forget their pages, so that the next read comes
+    from the disk (a first start, a restore from disk); False where that cannot be asked (no
+    `posix_fadvise`)."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
