@@ -172,3 +172,22 @@ def test_a_state_digest_that_no_chunk_explains_discards_only_that_checkpoint(tmp
     assert any("the state, not a chunk" in w for w in warnings)
     assert restored(t, "one") == kv_state(all_cells[:1000]).tobytes()
     t.close()
+
+
+def test_a_pack_whose_id_ends_in_nul_bytes_is_found(tmp_path, monkeypatch):
+    """Pack ids are 16 random bytes, and numpy drops an `S` field's trailing NULs: one pack in
+    256 ends in one. Such a pack must still be read (its file name has the whole id)."""
+    import os as os_module
+
+    ids = iter([b"\x5a" * 14 + b"\x00\x00", b"\x11" * 15 + b"\x00"])
+    real = os_module.urandom
+    monkeypatch.setattr(os_module, "urandom", lambda n: next(ids) if n == 16 else real(n))
+    all_cells = cells(1200)
+    t = tier(tmp_path)
+    t.save("one", np.arange(1000, dtype=np.int32), kv_state(all_cells[:1000]))
+    t.save("two", np.arange(1200, dtype=np.int32), kv_state(all_cells[:1200]))
+    assert t.flush(60)
+    assert {p.name.split("-")[0][-4:] for p in t.dir.glob(f"*{cf.PACK_SUFFIX}")} == {"0000", "1100"}
+    assert restored(t, "two") == kv_state(all_cells[:1200]).tobytes()
+    assert restored(t, "one") == kv_state(all_cells[:1000]).tobytes()
+    t.close()

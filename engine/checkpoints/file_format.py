@@ -377,8 +377,9 @@ def _runs(table: np.ndarray) -> list[_Run]:
     breaks[1:] = (packs[1:] != packs[:-1]) | (offsets[1:] != offsets[:-1] + lengths[:-1])
     firsts = np.flatnonzero(breaks)
     stops = np.append(firsts[1:], n)
+    ids = packs_of(table)  # whole ids: numpy drops an `S` field's trailing NUL bytes
     return [
-        _Run(bytes(packs[f]), int(offsets[f]), int(starts[f]), int(ends[e - 1] - starts[f]), int(f), int(e))
+        _Run(ids[f], int(offsets[f]), int(starts[f]), int(ends[e - 1] - starts[f]), int(f), int(e))
         for f, e in zip(firsts.tolist(), stops.tolist(), strict=True)
     ]
 
@@ -517,7 +518,9 @@ class ChunkedPayload:
 
     @staticmethod
     def _first(table: np.ndarray, pack: bytes) -> bytes:
-        return next(d for d, p in zip(digests_of(table), packs_of(table), strict=True) if p == pack)
+        """The first chunk the table lists in `pack` (what a missing pack damages)."""
+        listed = (d for d, p in zip(digests_of(table), packs_of(table), strict=True) if p == pack)
+        return next(listed, digests_of(table)[0])
 
     def close(self) -> None:
         self.view.release()
