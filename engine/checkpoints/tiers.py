@@ -37,6 +37,7 @@ import numpy as np
 
 from . import chunks as ch
 from . import file_format as cf
+from .chunked_read import ChunkedPayload
 from .ram_tier import preference, usable_prefix
 from ..config import locations
 
@@ -296,7 +297,7 @@ class DiskTier:
                 best_key, best = key, entry
         return (-best_key[0], best) if best_key is not None else (0, None)
 
-    def open_payload(self, entry: DiskEntry) -> cf.MappedPayload | cf.ChunkedPayload | None:
+    def open_payload(self, entry: DiskEntry) -> cf.MappedPayload | ChunkedPayload | None:
         """Re-check the file and map (format 2) or read (format 3) its verified payload; None
         (after a warning) if invalid."""
         try:
@@ -304,10 +305,10 @@ class DiskTier:
             self._check_identity(header)
             if not np.array_equal(tokens, entry.tokens):
                 raise cf.CheckpointInvalid("its tokens changed on disk")
-            payload: cf.MappedPayload | cf.ChunkedPayload
+            payload: cf.MappedPayload | ChunkedPayload
             if header.n_chunks:
                 table = cf.read_chunk_table(entry.path, header, offset)
-                payload = cf.ChunkedPayload(
+                payload = ChunkedPayload(
                     self.dir, table, header.payload_bytes, state_sha256=header.state_sha256
                 )
             else:
