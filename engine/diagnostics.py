@@ -36,6 +36,7 @@ from .events import TokenDelta, TurnDone, TurnFailed
 from .fit.estimate import estimate as estimate_terms
 from .fit.llama_buffers import Comparison as BufferComparison
 from .fit.llama_buffers import captured as captured_llama_buffers
+from .fit.residency import drop_from_page_cache as drop_from_page_cache
 from .fit.llama_buffers import compare as compare_llama_buffers
 from .fit.report import FitReport
 from .live_sequence import LiveSequence

@@ -123,7 +123,7 @@ PY
 import json, logging, os, sys, time
 
 from velo_chat.engine import make_engine
-from velo_chat.engine.fit.residency import drop_from_page_cache
+from velo_chat.engine.diagnostics import drop_from_page_cache
 from velo_chat.engine.config import build_profile
 
 phase, model = sys.argv[1], sys.argv[2]

@@ -26,8 +26,13 @@ from typing import Any
 
 from .result import conversation_of
 from .. import ChatMessage, EngineAPI, TurnStats
-from ..diagnostics import CHECKPOINT_SUFFIX, Diagnostics, diagnostics, read_checkpoint_header
-from ..fit.residency import drop_from_page_cache
+from ..diagnostics import (
+    CHECKPOINT_SUFFIX,
+    Diagnostics,
+    diagnostics,
+    drop_from_page_cache,
+    read_checkpoint_header,
+)
 
 log = logging.getLogger(__name__)
 
