@@ -125,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
             "--compact measures the in-process engine's reuse of the history by a summary turn: "
             "not with --spec or a remote profile"
         )
+    if args.session_turns < 2:
+        raise UserError(
+            f"--session-turns must be at least 2 (a first turn and a follow-up), got {args.session_turns}"
+        )
     ckpt_sizes = _sizes(args.ckpt_sizes, "--ckpt-sizes") if args.ckpt_sizes else ()
     if ckpt_sizes and (args.spec or profile.backend.kind == "remote"):
         raise UserError(
@@ -206,7 +210,7 @@ def _local(
             decode_tokens=args.decode_tokens or DEFAULT_DECODE_TOKENS,
             repeats=args.repeats,
             resume_tokens=0 if args.no_resume else args.resume_tokens,
-            session_turns=max(2, args.session_turns),
+            session_turns=args.session_turns,
             ckpt_sizes=args.ckpt_size_list,
             load=args.load,
             load_same_session=args.load_same_session,
