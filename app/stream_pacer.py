@@ -5,8 +5,9 @@ compositor pass) is Python on the UI thread. When llama.cpp's threads already us
 default on a small machine), every millisecond the UI thread runs is taken from the decode, and
 llama.cpp's threads wait for each other at every op, so the decode loses about twice the UI's
 share of a core.
-An update costs a layout of the whole screen (two, in fact: Textual lays out again once sizes
-changed) and a redraw of what changed. The streaming message holds room below its text
+An update costs a layout of the whole screen (one: the widgets of a streaming message do not ask
+for a second when their virtual size changes, `app/widgets/transcript/one_layout.py`) and a
+redraw of what changed. The streaming message holds room below its text
 (`MessageView._reserve`), so most updates grow it inside that room and the transcript neither
 grows nor scrolls and only the new lines are drawn; the one in a few that renews the room
 scrolls the transcript and redraws all of it, and costs more (docs/results/tui.md has the

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pygments.lexers
 from textual.app import App
+from textual.screen import Screen
 from textual.highlight import HighlightTheme, highlight
 
 from velo_chat.app.screens import chat
@@ -204,3 +205,48 @@ async def test_a_fence_just_opened_looks_up_no_lexer(monkeypatch):
         assert markdown.appending
         await view.finish("Here it is:\n\n```python\nx = 1\n```", "complete")
         assert not markdown.appending
+
+
+PROSE = " ".join(["The keeper walked along the rocky coast every evening while storms gathered."] * 12)
+
+
+async def streamed_layouts(text: str, monkeypatch, *, step: int = 40) -> tuple[list[int], MessageView]:
+    """Stream `text` into a reply `step` characters an update; the layouts of the screen each
+    update took (counted, not timed)."""
+    layouts = [0]
+    real = Screen._refresh_layout
+
+    def counted(self, *args, **kwargs):
+        layouts[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Screen, "_refresh_layout", counted)
+    per_update: list[int] = []
+    async with Host().run_test(size=(70, 40)) as pilot:
+        transcript = pilot.app.query_one(Transcript)
+        view = await transcript.add_message(MessageView("assistant", streaming=True))
+        transcript.follow()
+        await pilot.pause()
+        for end in range(step, len(text) + step, step):
+            before = layouts[0]
+            await view.stream_text(text[:end])
+            await pilot.pause()
+            await pilot.pause()  # a second layout, if one was asked for, has run
+            per_update.append(layouts[0] - before)
+        answer = view.query_one(".answer", CodeWrappingMarkdown)
+        assert answer.virtual_size == answer.size  # the sizes kept up without the second layout
+        for block in answer.children:
+            assert block.virtual_size.height == block.size.height
+    return per_update, view
+
+
+async def test_a_streamed_update_of_prose_or_code_is_one_layout_of_the_screen(monkeypatch):
+    """Textual lays the screen out again when a widget's virtual size changes, which every
+    update that grows a block does: a second layout that moves nothing (one_layout.py)."""
+    for text in (PROSE, reply(module(6))):
+        per_update, _ = await streamed_layouts(text, monkeypatch)
+        assert len(per_update) >= 15, per_update
+        # The first overflow of the transcript (its scrollbar comes) and the room held below
+        # the reply renewed are a layout more.
+        assert sum(n > 1 for n in per_update) <= 3, per_update
+        assert sum(per_update) <= len(per_update) + 3, per_update

@@ -39,6 +39,7 @@ from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from .highlight import PLAIN, GrowingHighlight, highlight_theme
+from .one_layout import OneLayout, one_layout_blocks
 from .text import wrap_offsets
 
 WRAP_MARK = "↪ "
@@ -59,7 +60,7 @@ def wrapped_rows(code: Content, width: int, mark: Content) -> list[Content]:
     return [row for line in code.split("\n") for row in line_rows(line, width, mark)]
 
 
-class WrappedCode(Widget):
+class WrappedCode(OneLayout, Widget):
     """The highlighted code of one block, soft-wrapped at this widget's width.
 
     It keeps the rows of each line and each row drawn: a block that grew cuts and draws only
@@ -162,7 +163,7 @@ NOT_HIGHLIGHTED = Content("")
 """What a fence made while the document is streamed holds instead of its highlighted code."""
 
 
-class WrappedFence(MarkdownFence):
+class WrappedFence(OneLayout, MarkdownFence):
     """A fenced or indented code block whose lines wrap instead of scrolling out of sight.
 
     While the document is streamed, a fence highlights its code as it grows
@@ -221,14 +222,13 @@ class WrappedFence(MarkdownFence):
         super(MarkdownFence, self).notify_style_update()
 
 
-class CodeWrappingMarkdown(Markdown):
-    """Markdown whose code blocks wrap (`WrappedFence`); everything else is Textual's."""
+class CodeWrappingMarkdown(OneLayout, Markdown):
+    """Markdown whose code blocks wrap (`WrappedFence`); everything else is Textual's, laid
+    out once per update (`one_layout.py`)."""
 
-    BLOCKS: dict[str, type[MarkdownBlock]] = {
-        **Markdown.BLOCKS,
-        "fence": WrappedFence,
-        "code_block": WrappedFence,
-    }
+    BLOCKS: dict[str, type[MarkdownBlock]] = one_layout_blocks(
+        {**Markdown.BLOCKS, "fence": WrappedFence, "code_block": WrappedFence}
+    )
 
     appending = False
     """Whether the document is being streamed (`append`) since it was last set whole."""

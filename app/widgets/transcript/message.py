@@ -34,6 +34,7 @@ from velo_chat.store.models import StoredToolCall, ToolResult
 from ... import keymap
 from .code import CodeWrappingMarkdown
 from .files import AttachedFile, FileBlock
+from .one_layout import OneLayout
 from .tool_block import Pending, ToolBlock
 from .text import code_blocks, widest_code_line
 
@@ -57,7 +58,7 @@ class ViewStartMarker(Static):
         super().__init__(VIEW_START_TEXT, classes="view-start")
 
 
-class MessageView(Vertical, can_focus=True):
+class MessageView(OneLayout, Vertical, can_focus=True):
     """Focusable so `c` / `y` (copy), `t` (reasoning) and `o` (files) work without a mouse."""
 
     BINDINGS = keymap.bindings("message")
