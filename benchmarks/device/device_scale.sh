@@ -25,6 +25,9 @@
 #   session `velo-chat bench --resume-tokens SESSION_TOKENS --session-turns SESSION_TURNS`: what
 #          each follow-up's checkpoints add in RAM and on disk, the last one from disk in a fresh
 #          process (session.json)
+#   spec   `velo-chat bench --spec`: one verify batch of 2-17 tokens against one token, and the
+#          copy-edit and novel prompts with n-gram speculation off and on, SPEC_TOKENS tokens a
+#          reply (spec.json; random weights draft little: the batch costs are what this shows)
 # Inputs in .device/ (benchmarks/device/prepare_device.sh): the sdist and wheels the build needs,
 # gguf among them, and tiny-qwen4exp.gguf, whose tokenizer (SmolLM2's) the model copies.
 # Switches: LAYERS (12), PLE_FRACTION (0.25), THREADS (nproc), PLE_MODES ("stock,gpu"),
@@ -32,7 +35,7 @@
 # SESSION_TURNS (10), DECODE_TOKENS (128), REPEATS (3), UBATCH (512), CLEAN=1 deletes the model
 # at the end.
 # Output in $OUT/scale/: env.txt, plan.json, gen.json, load.jsonl, fit.json, fit.log, bench.json,
-# bench.err, ckpt.json, ckpt.err, session.json, session.err, and summary.txt (the lines printed
+# bench.err, ckpt.json, ckpt.err, session.json, session.err, spec.json, spec.err, and summary.txt (the lines printed
 # below).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -96,6 +99,16 @@ print("\n".join(d["comparison"]["lines"]))
 for mode, r in d["ple"].items():
     rows = ", ".join(f"{p['tokens']}: {p['tok_s']} tok/s" for p in r["prefill"])
     print(f"{mode}: prefill {rows}; decode {r['decode']['tok_s']} tok/s (runs {r['decode']['tok_s_runs']})")
+PY
+    ;;
+  spec)
+    timeout 560 python3 -m velo_chat.app.cli bench --profile scale --json --spec \
+      --decode-tokens "${SPEC_TOKENS:-128}" --repeats "${REPEATS:-3}" > "$scale/spec.json" 2> "$scale/spec.err"
+    note "spec: rc $?"
+    python3 - "$scale/spec.json" <<'PY' | tee -a "$scale/summary.txt"
+import json, sys
+from velo_chat.engine.bench.spec import format_spec_lines
+print("\n".join(format_spec_lines(json.load(open(sys.argv[1]))["sections"]["speculation"])))
 PY
     ;;
   ckpt | session)

@@ -13,14 +13,16 @@
 # Everything lives in /tmp/suite while the machine is warm: the wheels, SmolLM2 reassembled
 # and checked against its sha256, a snapshot of the tree taken at the first call (later calls
 # copy the tree again; the suite keeps running on the snapshot), the CUDA build
-# (device_build.sh, in the background from the first call), and the two runs, one after the
-# other, in the background. Each call copies the logs so far to $OUT/suite/: build.log,
+# (device_build.sh, in the background from the first call), and the two runs, side by side in
+# the background, each as SHARDS pytest processes (3; test files dealt round-robin; every file
+# runs once per mode): the machine has 16 cores and a test engine takes 2-4 threads.
+# SEQUENTIAL=1 runs the GPU mode after the CPU one. Each call copies the logs so far to $OUT/suite/: build.log,
 # cpu.log, gpu.log (pytest -rfEs: every failure, error and skip named), status.txt.
 # PYTEST_ARGS adds arguments to both runs (e.g. "-x", or "-k resume" to try the set-up).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 S=${SUITE_DIR:-/tmp/suite}
-mkdir -p "$S/whl" "$S/smol" "$S/test-data" "$S/logs" "${OUT:=/tmp/out}/suite"
+mkdir -p "$S/whl" "$S/smol" "$S/test-data" "$S/logs" "${OUT:=/tmp/out}"
 say() { echo "suite: $*" | tee -a "$S/logs/status.txt"; }
 
 # -- keep what this call carried ------------------------------------------------------------
@@ -62,18 +64,25 @@ if [ ! -e "$S/runs.started" ] && [ "$(cat "$S/build.done" 2>/dev/null)" = 0 ] &&
   touch "$S/runs.started"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$S/site" "$S/whl"/*.whl \
     > "$S/logs/pip.log" 2>&1 || say "pip install failed (logs/pip.log)"
+  shards=${SHARDS:-3}
   cat > "$S/run.sh" <<RUN
 cd $S/repo
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/pkg:\${VELO_SITE:-/tmp/velo-site-ple}:$S/site:$S/repo
 export VELO_TEST_CACHE=$S/test-data
-for mode in cpu gpu; do
-  export VELO_CHAT_HOME=$S/home-\$mode
-  if [ \$mode = gpu ]; then export VELO_TEST_GPU_LAYERS=-1; else unset VELO_TEST_GPU_LAYERS; fi
+one_run() (  # one_run MODE SHARD: that shard's test files in that mode
+  export VELO_CHAT_HOME=$S/home-\$1-\$2
+  if [ \$1 = gpu ]; then export VELO_TEST_GPU_LAYERS=-1; else unset VELO_TEST_GPU_LAYERS; fi
+  files=\$(ls tests/test_*.py | awk -v n=$shards -v k=\$2 '(NR - 1) % n == k')
   start=\$(date +%s)
-  python3 -m pytest -q -p no:cacheprovider -rfEs ${PYTEST_ARGS:-} > $S/logs/\$mode.log 2>&1
-  echo "\$mode: pytest rc \$? in \$(( \$(date +%s) - start )) s" >> $S/logs/status.txt
+  python3 -m pytest -q -p no:cacheprovider -rfEs ${PYTEST_ARGS:-} \$files > $S/logs/\$1-\$2.log 2>&1
+  echo "\$1 shard \$2: pytest rc \$? in \$(( \$(date +%s) - start )) s" >> $S/logs/status.txt
+)
+for mode in cpu gpu; do
+  for k in \$(seq 0 $(( shards - 1 ))); do one_run \$mode \$k & done
+  [ "${SEQUENTIAL:-0}" = 1 ] && wait
 done
+wait
 touch $S/runs.done
 RUN
   setsid bash "$S/run.sh" < /dev/null > /dev/null 2>&1 &
@@ -86,9 +95,9 @@ for _ in $(seq 1 "${WAIT:-540}"); do
   [ ! -e "$S/runs.started" ] && [ -e "$S/build.done" ] && [ ! -e "$model" ] && break  # needs a carry
   sleep 1
 done
-cp "$S/logs"/* "$OUT/suite/" 2>/dev/null
+tar czf "$OUT/suite.tgz" -C "$S/logs" . 2>/dev/null
 cat "$S/logs/status.txt" 2>/dev/null
-for mode in cpu gpu; do
-  [ -e "$S/logs/$mode.log" ] && { echo "== $mode"; tail -4 "$S/logs/$mode.log"; }
+for log in "$S"/logs/cpu-*.log "$S"/logs/gpu-*.log; do
+  [ -e "$log" ] && { echo "== $(basename "$log")"; tail -3 "$log"; }
 done
 [ -e "$S/build.done" ] && echo "build rc $(cat "$S/build.done")" || echo "building"
