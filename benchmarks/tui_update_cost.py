@@ -6,10 +6,11 @@ is the same from run to run.
     .venv/bin/python benchmarks/tui_update_cost.py [--replies prose,code,list,table] [--size 120x40]
 
 For each reply it prints the updates, the layouts of the screen and the compositor passes they
-took (counts, which repeat exactly), and the UI thread's CPU over the reply and per update
-(seconds, which do not: run it on a quiet machine, and compare trees in the same run by putting
-one on PYTHONPATH). The layouts are what `app/widgets/transcript/one_layout.py` halves; lists and
-tables show what is left.
+took (counts, the same from run to run within one: a timer's layout can fall either side of an
+update), and the UI thread's CPU over the reply and per update (seconds, which vary: run it on a
+quiet machine, and compare trees in the same run by putting one on PYTHONPATH). The layouts are
+what `app/widgets/transcript/one_layout.py` halves; the list reply measures `lists.py`; tables
+show what is left.
 """
 
 from __future__ import annotations

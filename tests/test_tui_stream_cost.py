@@ -17,6 +17,7 @@ from textual.highlight import HighlightTheme, highlight
 from velo_chat.app.screens import chat
 from velo_chat.app.widgets.transcript.code import WRAP_MARK, CodeWrappingMarkdown, WrappedCode
 from velo_chat.app.widgets.transcript.highlight import GrowingHighlight
+from velo_chat.app.widgets.transcript.lists import ItemRow
 from velo_chat.app.widgets.transcript.message import MessageView
 from velo_chat.app.widgets.transcript.transcript import Transcript
 
@@ -250,3 +251,71 @@ async def test_a_streamed_update_of_prose_or_code_is_one_layout_of_the_screen(mo
         # the reply renewed are a layout more.
         assert sum(n > 1 for n in per_update) <= 3, per_update
         assert sum(per_update) <= len(per_update) + 3, per_update
+
+
+LISTS = (
+    """Steps to follow:
+
+- Walk along the rocky coast every evening, while the storms gather over the grey water.
+- Check the lamp:
+  1. trim the wick
+  2. fill the oil
+- Write it down:
+
+  ```python
+  log.write("lamp lit at dusk, the wind from the north-west")
+  ```
+- Sleep.
+
+Then count:
+
+"""
+    + "".join(f"{i}. item number {i} of a numbered list that grows past nine\n" for i in range(1, 13))
+    + """
+A loose list:
+
+- one
+
+- two
+"""
+)
+
+
+def shape(widget) -> list[tuple]:
+    """What a message's answer shows, as its widgets in order: each as the Textual class it is
+    or extends, with its text (a paragraph's, a bullet's, a code block's lines)."""
+    out = []
+    for node in widget.walk_children():
+        if not node.display:
+            continue
+        kind = next(c.__name__ for c in type(node).__mro__ if c.__module__.startswith("textual."))
+        text = ""
+        if hasattr(node, "symbol"):
+            text = node.symbol
+        elif isinstance(node, WrappedCode):
+            text = "\n".join(line.plain for line in node.lines)
+        elif hasattr(node, "_content") and hasattr(node._content, "plain") and kind != "MarkdownFence":
+            text = node._content.plain  # a fence shows its code in its WrappedCode, above
+        out.append((kind, text))
+    return out
+
+
+async def test_a_streamed_list_grows_by_its_last_item_and_shows_what_a_whole_render_shows():
+    async with Host().run_test(size=(90, 40)) as pilot:
+        transcript = pilot.app.query_one(Transcript)
+        view = await transcript.add_message(MessageView("assistant", streaming=True))
+        await pilot.pause()
+        rebuilt: list[int] = []  # rows of the growing lists mounted at each update
+        for end in range(23, len(LISTS) + 23, 23):
+            rows_before = set(view.query(ItemRow))
+            await view.stream_text(LISTS[:end])
+            await pilot.pause()
+            rebuilt.append(len(set(view.query(ItemRow)) - rows_before))
+            whole = await transcript.add_message(MessageView("assistant", LISTS[:end]))
+            await pilot.pause()
+            assert shape(view.query_one(".answer")) == shape(whole.query_one(".answer")), LISTS[:end]
+            await whole.remove()
+        # An update mounts the row of an item that began, and at times a few more (a numbered
+        # list whose numbers got wider, a nested list), never the whole list again each time.
+        assert sum(rebuilt) < 3 * len(list(view.query(ItemRow)))
+        assert rebuilt.count(0) > len(rebuilt) // 3

@@ -39,6 +39,7 @@ from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from .highlight import PLAIN, GrowingHighlight, highlight_theme
+from .lists import GrowingBulletList, GrowingOrderedList
 from .one_layout import OneLayout, one_layout_blocks
 from .text import wrap_offsets
 
@@ -223,11 +224,18 @@ class WrappedFence(OneLayout, MarkdownFence):
 
 
 class CodeWrappingMarkdown(OneLayout, Markdown):
-    """Markdown whose code blocks wrap (`WrappedFence`); everything else is Textual's, laid
-    out once per update (`one_layout.py`)."""
+    """Markdown whose code blocks wrap (`WrappedFence`) and whose lists grow by their last item
+    while streamed (`lists.py`); everything else is Textual's, laid out once per update
+    (`one_layout.py`)."""
 
     BLOCKS: dict[str, type[MarkdownBlock]] = one_layout_blocks(
-        {**Markdown.BLOCKS, "fence": WrappedFence, "code_block": WrappedFence}
+        {
+            **Markdown.BLOCKS,
+            "fence": WrappedFence,
+            "code_block": WrappedFence,
+            "bullet_list_open": GrowingBulletList,
+            "ordered_list_open": GrowingOrderedList,
+        }
     )
 
     appending = False
