@@ -21,15 +21,20 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from textual import _compositor, screen  # noqa: E402
 
-from tests.support import fake_engine  # noqa: E402
-from tests.support.fake_engine import FakeScript  # noqa: E402
-from tests.support.tui_helpers import chat, fake_app, wait_for  # noqa: E402
+from devkit import fake_engine  # noqa: E402
+from devkit.fake_engine import FakeFactory, FakeScript  # noqa: E402
+from velo_chat.app.app import make_app  # noqa: E402
+from velo_chat.app.screens.chat import ChatScreen  # noqa: E402
+from velo_chat.app.settings import AppSettings  # noqa: E402
+from velo_chat.engine.config import build_profile  # noqa: E402
+from velo_chat.store import SessionStore  # noqa: E402
 
 CODE_BLOCK = '''class Account{i}:
     """A bank account number {i}, with a balance and an owner's name, kept in cents."""
@@ -51,6 +56,14 @@ REPLIES = {
     + "".join(f"| {i} | walk along the rocky coast |\n" for i in range(24)),
 }
 TOKEN_SECONDS = 0.01  # the scripted engine's pace, in real time: the UI keeps up with it
+
+
+async def wait_until(done: Callable[[], bool], timeout: float = 120.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if done():
+            return
+        await asyncio.sleep(0.02)
+    raise TimeoutError("the scripted reply did not end in time")
 
 
 class Counts:
@@ -82,11 +95,19 @@ async def one_reply(kind: str, size: tuple[int, int], counts: Counts) -> dict[st
     fake_engine.TokenDelta = paced_delta  # type: ignore[misc,assignment]
     # Three characters a token, an update every 10 tokens of the scripted clock.
     script = FakeScript(reply=REPLIES[kind], dt=1 / 300)
-    app, _ = fake_app(Path(tempfile.mkdtemp(prefix="tui-update-cost-")), script)
+    app = make_app(
+        build_profile("default", {}),
+        engine_factory=FakeFactory(script),
+        store=SessionStore(Path(tempfile.mkdtemp(prefix="tui-update-cost-")) / "sessions.db"),
+        settings=AppSettings(),
+        memory_interval=None,
+        cursor_blink=False,
+        pace_stream=False,  # the scripted clock's pace instead: an update every 10 tokens
+    )
     streamed = [0]
     async with app.run_test(size=size) as pilot:
-        screen_ = chat(app)
-        await wait_for(lambda: screen_.model_ready)
+        screen_ = next(s for s in app.screen_stack if isinstance(s, ChatScreen))
+        await wait_until(lambda: screen_.model_ready)
         await pilot.pause(0.3)
         turn = screen_.turn_view
         real_tokens = turn.tokens
@@ -99,7 +120,7 @@ async def one_reply(kind: str, size: tuple[int, int], counts: Counts) -> dict[st
         counts.layouts = counts.frames = 0
         cpu = time.thread_time()
         await pilot.press(*"go", "enter")
-        await wait_for(lambda: streamed[0] > 0 and not screen_.busy)
+        await wait_until(lambda: streamed[0] > 0 and not screen_.busy)
         await pilot.pause(0.3)
         cpu = time.thread_time() - cpu
     fake_engine.TokenDelta = real_delta  # type: ignore[misc]

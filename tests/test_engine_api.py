@@ -22,7 +22,7 @@ from velo_chat.engine.diagnostics import NoDiagnostics, diagnostics
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.remote.engine import RemoteEngine
 
-from tests.support.fake_engine import FakeEngine, FakeScript
+from devkit.fake_engine import FakeEngine, FakeScript
 
 ROOT = Path(__file__).resolve().parent.parent
 

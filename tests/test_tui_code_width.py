@@ -27,7 +27,7 @@ from velo_chat.app.widgets.transcript.text import code_blocks, widest_code_line,
 from velo_chat.app.widgets.transcript.transcript import CODE_GUTTER, Transcript
 from velo_chat.store import SessionStore
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import chat, fake_app, wait_for
 
 pytestmark = pytest.mark.usefixtures("bare_home")

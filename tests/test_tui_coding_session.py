@@ -16,7 +16,7 @@ from velo_chat.app.widgets.composer.queue import MessageQueue
 from velo_chat.app.widgets.transcript.message import MessageView
 from velo_chat.app.widgets.transcript.transcript import Transcript
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app, fixed_store
 from tests.test_tui_flows import chat, ready, send, until
 

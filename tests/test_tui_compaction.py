@@ -24,7 +24,7 @@ from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.store import Session
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
 from tests.test_tui_coding_session import type_and_enter
 from tests.test_tui_flows import ready, send, until

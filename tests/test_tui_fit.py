@@ -15,7 +15,7 @@ from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.engine.fit import machine, report
 
 from tests.support.engine_helpers import test_profile
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
 from tests.test_tui_flows import SIZE, ready, until
 

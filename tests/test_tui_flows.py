@@ -19,7 +19,7 @@ from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine.llama.gguf_file import GGUFError
 from velo_chat.engine.config.profiles import active_profile_name
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
 
 pytestmark = pytest.mark.usefixtures("bare_home")

@@ -24,7 +24,7 @@ from velo_chat.engine.llama.model import ModelLoadError
 from velo_chat.engine.config.profiles import active_profile_name, load_profile
 from velo_chat.store import SessionStore
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import FIXED_NOW, fake_app
 from tests.test_tui_flows import SIZE, chat, ready, until
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
 from tests.test_tui_flows import SIZE, ready, until
 from velo_chat.app.widgets.composer.composer import Composer

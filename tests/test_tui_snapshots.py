@@ -16,7 +16,7 @@ from velo_chat.engine.llama.gguf_file import GGUFError
 from velo_chat.engine.prompt.thinking import ThinkingSupport
 
 from tests.support import readme_image
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import chat, fake_app, wait_for
 
 pytestmark = pytest.mark.usefixtures("bare_home")

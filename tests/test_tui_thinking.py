@@ -13,7 +13,7 @@ from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.engine.prompt.thinking import ThinkingSupport
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import fake_app
 from tests.test_tui_flows import SIZE, chat, send, until
 

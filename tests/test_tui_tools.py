@@ -33,7 +33,7 @@ from velo_chat.engine import ToolCall
 from velo_chat.store import SessionStore
 from velo_chat.store.models import StoredToolCall, ToolResult
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.llama_templates import templates_dir
 from tests.support.tui_helpers import chat, fake_app, wait_for
 

@@ -20,7 +20,7 @@ from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.store import SessionStore
 
-from tests.support.fake_engine import FakeScript
+from devkit.fake_engine import FakeScript
 from tests.support.tui_helpers import chat, fake_app, wait_for
 
 pytestmark = pytest.mark.usefixtures("bare_home")

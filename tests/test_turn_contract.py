@@ -26,7 +26,7 @@ from velo_chat.store import SessionStore
 from velo_chat.engine.diagnostics import diagnostics
 
 from tests.support.engine_helpers import run_cli, test_profile
-from tests.support.fake_engine import FakeFactory, FakeScript
+from devkit.fake_engine import FakeFactory, FakeScript
 
 FINAL = (TurnDone, TurnFailed)
 

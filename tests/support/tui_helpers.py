@@ -14,7 +14,7 @@ from velo_chat.engine.config.profile_schema import Profile
 from velo_chat.engine.config.profiles import build_profile
 from velo_chat.store import SessionStore
 
-from .fake_engine import FakeFactory, FakeScript
+from devkit.fake_engine import FakeFactory, FakeScript
 
 FIXED_NOW = 1_800_000_000.0
 

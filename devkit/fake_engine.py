@@ -1,5 +1,6 @@
-"""A scripted stand-in for `Engine`, for TUI layout and flow tests only (docs/architecture.md: every
-engine behaviour is tested on a real model; this only feeds the UI deterministic events).
+"""A scripted stand-in for `Engine`, for the TUI's layout and flow tests and for
+`benchmarks/tui_update_cost.py` only (docs/architecture.md: every engine behaviour is tested on a
+real model; this only feeds the UI deterministic events).
 
 Token timestamps come from a fake clock (`t0 + i * dt`), so the live panel's numbers are fixed.
 `gate`: when set up, the turn stops after `pause_after` tokens until the test opens the gate (or
