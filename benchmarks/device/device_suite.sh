@@ -14,8 +14,9 @@
 # and checked against its sha256, a snapshot of the tree taken at the first call (later calls
 # copy the tree again; the suite keeps running on the snapshot), the CUDA build
 # (device_build.sh, in the background from the first call), and the two runs, side by side in
-# the background, each as SHARDS pytest processes (3; test files dealt round-robin; every file
-# runs once per mode): the machine has 16 cores and a test engine takes 2-4 threads.
+# the background, each as SHARDS pytest processes (6; test files dealt round-robin; every file
+# runs once per mode): the machine has 16 cores and a test engine takes 2-4 threads. How long
+# the build and the runs took is in docs/results/scale.md.
 # SEQUENTIAL=1 runs the GPU mode after the CPU one. Each call copies the logs so far to $OUT/suite/: build.log,
 # cpu.log, gpu.log (pytest -rfEs: every failure, error and skip named), status.txt.
 # PYTEST_ARGS adds arguments to both runs (e.g. "-x", or "-k resume" to try the set-up).
@@ -64,7 +65,7 @@ if [ ! -e "$S/runs.started" ] && [ "$(cat "$S/build.done" 2>/dev/null)" = 0 ] &&
   touch "$S/runs.started"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$S/site" "$S/whl"/*.whl \
     > "$S/logs/pip.log" 2>&1 || say "pip install failed (logs/pip.log)"
-  shards=${SHARDS:-3}
+  shards=${SHARDS:-6}
   cat > "$S/run.sh" <<RUN
 cd $S/repo
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONUNBUFFERED=1
@@ -75,7 +76,7 @@ one_run() (  # one_run MODE SHARD: that shard's test files in that mode
   if [ \$1 = gpu ]; then export VELO_TEST_GPU_LAYERS=-1; else unset VELO_TEST_GPU_LAYERS; fi
   files=\$(ls tests/test_*.py | awk -v n=$shards -v k=\$2 '(NR - 1) % n == k')
   start=\$(date +%s)
-  python3 -m pytest -q -p no:cacheprovider -rfEs ${PYTEST_ARGS:-} \$files > $S/logs/\$1-\$2.log 2>&1
+  python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs ${PYTEST_ARGS:-} \$files > $S/logs/\$1-\$2.log 2>&1
   echo "\$1 shard \$2: pytest rc \$? in \$(( \$(date +%s) - start )) s" >> $S/logs/status.txt
 )
 for mode in cpu gpu; do
