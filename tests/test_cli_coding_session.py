@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.engine_helpers import run_cli
+from tests.support.engine_helpers import pythonpath, run_cli
 from tests.test_cli import assert_user_error, message_count, session_count
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def run_in(cwd: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": pythonpath(REPO)},
         timeout=300,
     )
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.engine_helpers import run_cli
+from tests.support.engine_helpers import pythonpath, run_cli
 from tests.test_cli import assert_user_error, message_count, session_count
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def ask(*args: str, cwd: Path | None = None) -> tuple[dict, list[str]]:
         cwd=cwd,
         env={
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(REPO)))),
+            "PYTHONPATH": pythonpath(REPO),
         },
         timeout=300,
     )

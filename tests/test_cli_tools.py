@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from devkit.gguf_template import with_chat_template
+from tests.support.engine_helpers import pythonpath
 from tests.support.llama_templates import read_template, templates_dir
 from tests.test_cli import assert_user_error, message_count, session_count
 
@@ -68,7 +69,7 @@ def _ask(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": pythonpath(REPO)},
         stdin=subprocess.DEVNULL,
         timeout=300,
     )
@@ -80,7 +81,7 @@ def _export(cwd: Path, session_id: str) -> dict:
         capture_output=True,
         text=True,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": pythonpath(REPO)},
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -135,7 +136,7 @@ def test_a_template_without_tools_refuses_them_in_one_line(velo_home, tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": pythonpath(REPO)},
         timeout=300,
     )
     assert_user_error(proc, "no tool support")

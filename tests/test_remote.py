@@ -25,7 +25,7 @@ from velo_chat.engine.events import PrefillProgress, TokenDelta, TurnDone
 from velo_chat.engine.remote.engine import RemoteEngine
 from velo_chat.store import SessionStore
 
-from tests.support.engine_helpers import run_cli
+from tests.support.engine_helpers import pythonpath, run_cli
 from tests.support.openai_faults import MODEL, FaultServer, free_port
 
 pytest.importorskip("openai")
@@ -327,7 +327,7 @@ def test_without_the_openai_package_a_remote_profile_says_which_extra(faults, tm
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('openai is not installed')\n")
     name = remote_profile("noextra", faults.url("ok"), model=MODEL)
-    proc = run_cli("ask", "--profile", name, "Hello", env={"PYTHONPATH": str(shim.parent)})
+    proc = run_cli("ask", "--profile", name, "Hello", env={"PYTHONPATH": pythonpath(shim.parent)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "velo-chat: error: a remote backend needs the openai package: pip install 'velo-chat[remote]'"

@@ -36,6 +36,14 @@ def test_profile(model_path: Path, **sections: dict) -> Profile:
 test_profile.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
+def pythonpath(*first: str | Path) -> str:
+    """A subprocess's PYTHONPATH: `first`, then this process's own. Replacing it instead would
+    lose velo-chat where it is importable only through PYTHONPATH (the GPU machine's suite
+    runs it from a folder of links, not an installed package)."""
+    paths = [str(p) for p in first] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join(p for p in paths if p)
+
+
 def run_cli(
     *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
