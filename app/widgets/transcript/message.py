@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widget import Widget
 from textual.widgets import Collapsible, Markdown, Static
 
 from velo_chat.store.models import Message as StoredMessage
@@ -62,7 +61,7 @@ class MessageView(OneLayout, Vertical, can_focus=True):
     """Focusable so `c` / `y` (copy), `t` (reasoning) and `o` (files) work without a mouse."""
 
     BINDINGS = keymap.bindings("message")
-    MIN_ROOM = 4  # no room is held in a transcript shorter than twice this
+    MIN_ROOM = 4  # no room is held in a terminal shorter than three times this
 
     def __init__(
         self,
@@ -155,9 +154,13 @@ class MessageView(OneLayout, Vertical, can_focus=True):
         it inside that room: the transcript's height then stays the same, it does not scroll,
         and only the new lines are drawn. When what is left of the room would not take another
         update like the last one (or a quarter of the room), it is renewed, and the transcript
-        scrolls once (the view moves by the room, half its height)."""
-        view = self.parent.scrollable_content_region.height if isinstance(self.parent, Widget) else 0
-        room = view // 2
+        scrolls once (the view moves by the room).
+
+        The room is a third of the terminal's height, not a share of the transcript's: the
+        transcript's height changes with the composer's (tall with the message just sent, it
+        shrinks in the layout that mounts this reply), and a room measured in between would
+        depend on which came first."""
+        room = self.app.size.height // 3
         if room < self.MIN_ROOM:
             return
         used = sum(child.outer_size.height for child in self.children if child.display)
