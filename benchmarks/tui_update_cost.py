@@ -146,7 +146,12 @@ def main() -> None:
     unknown = [k for k in kinds if k not in REPLIES]
     if unknown:
         parser.error(f"unknown reply kind(s): {', '.join(unknown)}")
-    cols, rows = (int(x) for x in args.size.lower().split("x"))
+    try:
+        cols, rows = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        parser.error(f"--size: COLSxROWS, e.g. 120x40 (got {args.size!r})")
+    if cols < 40 or rows < 12:
+        parser.error(f"--size: at least 40x12 (got {args.size})")
     counts = Counts()
     rows_out = [asyncio.run(one_reply(kind, (cols, rows), counts)) for kind in kinds]
     for r in rows_out:

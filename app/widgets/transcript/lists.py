@@ -13,7 +13,7 @@ source, its bullet and, for each block in it, its kind, lines and whether the li
 is built again whole, as Textual would.
 
 Their rows are `OneLayout` containers, like the message's other blocks (`one_layout.py`). A list
-that is not streamed is composed as Textual composes it.
+that is not streamed is composed as Textual composes it, with these rows in place of its own.
 """
 
 from __future__ import annotations
