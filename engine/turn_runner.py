@@ -116,9 +116,10 @@ class _Turn:
         if self.ck is None:
             return
         n, nbytes = self.parts.live.save(self.ck)
-        self.save_s += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.save_s += took
         if n:
-            self.saved.append(SavedCheckpoint(n, nbytes))
+            self.saved.append(SavedCheckpoint(n, nbytes, took))
             yield CheckpointSaved(n, nbytes, "ram+disk" if self.ck.disk else "ram")
         yield from self._warnings()
 

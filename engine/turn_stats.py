@@ -14,6 +14,7 @@ from typing import Any
 class SavedCheckpoint:
     tokens: int
     bytes: int
+    seconds: float = 0.0  # the engine's thread taking it: llama.cpp's copy, handed to the tiers
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class CheckpointStats:
         """`decision` and its estimates are there only when a checkpoint was weighed."""
         return {
             "restore_s": round(self.restore_s, 4),
-            "saved": [{"tokens": s.tokens, "bytes": s.bytes} for s in self.saved],
+            "saved": [_saved_json(s) for s in self.saved],
             "close_s": round(self.close_s, 4),
             **(
                 {
@@ -54,6 +55,14 @@ class CheckpointStats:
                 else {}
             ),
         }
+
+
+def _saved_json(saved: SavedCheckpoint) -> dict[str, Any]:
+    """Rows stored before a snapshot's seconds were kept have none, and write back without."""
+    row: dict[str, Any] = {"tokens": saved.tokens, "bytes": saved.bytes}
+    if saved.seconds:
+        row["s"] = round(saved.seconds, 4)
+    return row
 
 
 def _round_or_none(x: float | None) -> float | None:
@@ -264,7 +273,10 @@ def _stats_from_json(d: Mapping[str, Any]) -> TurnStats:
 
 
 def _checkpoint_from_json(ck: Mapping[str, Any]) -> CheckpointStats:
-    saved = tuple(SavedCheckpoint(int(s["tokens"]), int(s["bytes"])) for s in ck.get("saved") or ())
+    saved = tuple(
+        SavedCheckpoint(int(s["tokens"]), int(s["bytes"]), float(s.get("s") or 0.0))
+        for s in ck.get("saved") or ()
+    )
     restore_est, prefill_est = ck.get("restore_est_s"), ck.get("prefill_est_s")
     return CheckpointStats(
         float(ck.get("restore_s") or 0.0),

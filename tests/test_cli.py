@@ -278,6 +278,9 @@ def test_bench_json_reports_every_number(velo_home):
         assert (
             r["memory"]["ram_entries"] >= 1 and r["file_bytes"] > 0 and r["chunked_over_single_restore"] > 0
         )
+        # the snapshots' own time on the turn's thread, for both ways of writing
+        for saving in (r["saving"], r["single_saving"]):
+            assert saving["saved"] and 0 < saving["snapshot_s"] < saving["ttft_s"]
 
 
 def test_bench_ple_compares_the_two_paths(velo_home, qwen_path):

@@ -9,6 +9,7 @@ part, and the parts it never had are null."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -214,3 +215,15 @@ def test_a_turn_writes_the_keys_it_wrote_before(smol_engine):
     assert list(out) == [k for k in json.loads(json.dumps(done.stats.to_json()))]  # plain JSON
     assert without_added(shape(json.loads(json.dumps(out, sort_keys=True)))) == shape(before)
     assert TurnStats.from_json(out).to_json() == out
+
+
+def test_a_snapshots_time_on_the_turns_thread_round_trips():
+    """Rows stored before a snapshot's seconds were kept read them as 0.0 (above); new rows
+    keep them."""
+    saved = (SavedCheckpoint(96, 2213736, 0.01234), SavedCheckpoint(162, 3735168, 0.5))
+    s = dataclasses.replace(stored(DRAFTED), checkpoint=CheckpointStats(0.0, saved, 0.0277))
+    out = json.loads(json.dumps(s.to_json()))
+    assert [x["s"] for x in out["checkpoint"]["saved"]] == [0.0123, 0.5]
+    back = TurnStats.from_json(out).checkpoint
+    assert back is not None
+    assert back.saved == (SavedCheckpoint(96, 2213736, 0.0123), SavedCheckpoint(162, 3735168, 0.5))

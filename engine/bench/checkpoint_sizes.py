@@ -4,7 +4,9 @@ checkpoint costs as the conversation grows, the table a long-context user sends 
 For each size, one engine, one reply token per turn:
 1. cold: the conversation prefilled with checkpoints off;
 2. saving: the same turn saving its checkpoints; the state's bytes, the TTFT the saves add
-   against cold, then the wait for their disk writes (which start during the turn);
+   against cold, the part of it the turn's own thread spent taking the snapshots (llama.cpp's
+   copy of each state: the rest is what the tiers' threads cost it meanwhile), then the wait
+   for their disk writes (which start during the turn); once writing chunks, once a single file;
 3. from RAM: the turn again after the live sequence is forgotten, restored from the RAM tier
    (its states are chunks by then: the restore assembles them);
 4. from disk: a new checkpoint store on the same files (an empty RAM tier) after the files are
@@ -47,6 +49,7 @@ def _turn(diag: Diagnostics, conv: list[ChatMessage]) -> dict[str, Any]:
         "source": s.source,
         "restore_s": round(c.restore_s, 4) if c else None,
         "saved": [[x.tokens, x.bytes] for x in c.saved] if c else [],
+        "snapshot_s": round(sum(x.seconds for x in c.saved), 4) if c else 0.0,  # on the turn's thread
     }
 
 
@@ -78,7 +81,7 @@ def _size_row(diag: Diagnostics, engine: EngineAPI, n: int, tmp: Path) -> dict[s
                 diag.reset()  # the live sequence goes; the RAM tier keeps the states
                 row["from_ram"] = _turn(diag, conv)
             else:
-                row["single_write_wait_s"] = round(wait, 3)
+                row["single_saving"], row["single_write_wait_s"] = saving, round(wait, 3)
         headers = [read_checkpoint_header(p)[0] for p in store.glob(f"*/*{CHECKPOINT_SUFFIX}")]
         row["state_bytes"] = max((h.payload_bytes for h in headers), default=0)
         key = "from_disk" if chunked else "from_single_file"
@@ -87,6 +90,7 @@ def _size_row(diag: Diagnostics, engine: EngineAPI, n: int, tmp: Path) -> dict[s
             row["file_bytes"] = sum(p.stat().st_size for p in store.rglob("*") if p.is_file())
         shutil.rmtree(store, ignore_errors=True)
     row["save_overhead_s"] = round(row["saving"]["ttft_s"] - row["cold"]["ttft_s"], 3)
+    row["single_save_overhead_s"] = round(row["single_saving"]["ttft_s"] - row["cold"]["ttft_s"], 3)
     chunked_s, single_s = row["from_disk"]["restore_s"], row["from_single_file"]["restore_s"]
     row["chunked_over_single_restore"] = round(chunked_s / single_s, 3) if chunked_s and single_s else None
     return row
@@ -113,12 +117,13 @@ def checkpoint_sizes_section(
 def format_lines(section: dict[str, Any]) -> list[str]:
     lines = [
         "",
-        f"{'checkpoints':<11}{'tokens':>9} {'state MiB':>10} {'saves +s':>9} {'write s':>8} "
-        f"{'RAM s':>7} {'disk s':>7} {'1-file s':>8} {'cold s':>8}",
+        f"{'checkpoints':<11}{'tokens':>9} {'state MiB':>10} {'saves +s':>9} {'snap s':>7} "
+        f"{'1-file +s':>9} {'write s':>8} {'RAM s':>7} {'disk s':>7} {'1-file s':>8} {'cold s':>8}",
     ]
     for r in section["sizes"]:
         lines.append(
             f"{'':<11}{r['size']:>9,} {r['state_bytes'] / 2**20:>10,.1f} {r['save_overhead_s']:>+9.3f} "
+            f"{r['saving']['snapshot_s']:>7.3f} {r['single_save_overhead_s']:>+9.3f} "
             f"{r['write_wait_s']:>8.3f} {r['from_ram']['restore_s'] or 0:>7.3f} "
             f"{r['from_disk']['restore_s'] or 0:>7.3f} {r['from_single_file']['restore_s'] or 0:>8.3f} "
             f"{r['cold']['ttft_s']:>8.3f}"
