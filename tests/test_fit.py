@@ -127,6 +127,23 @@ def test_with_no_layer_on_the_gpu_a_cuda_build_still_computes_there(qwen_path: P
     assert "compute_gpu" not in cpu_only and "cuda" not in cpu_only
 
 
+# SmolLM2 ties its output head to `token_embd` (no `output.weight`): the logits' product reads
+# that table, the largest weight a product reads. What the CUDA build allocated on the GPU with
+# `n_gpu_layers = 0` on an H100 (2026-12-07, docs/results/scale.md), MiB.
+TIED_HEAD_OP_OFFLOAD_ON_AN_H100 = {"smol-test": 41.87, "smol-q8-kv": 41.87}
+
+
+@pytest.mark.parametrize("case", list(TIED_HEAD_OP_OFFLOAD_ON_AN_H100))
+def test_a_tied_output_head_is_the_weight_an_offloaded_batch_copies(smollm2_path: Path, case: str):
+    sections = CASES[case][1]
+    profile = test_profile(smollm2_path, model={"n_gpu_layers": 0}, **sections)
+    facts = read_facts(smollm2_path)
+    assert facts.largest_matmul[1:] == (facts.n_embd, 49152)  # token_embd, read by the head
+    terms = {t.key: t for t in estimate.estimate(profile, facts, gpu_offload=True)}
+    got, measured = terms["compute_gpu"].bytes / 2**20, TIED_HEAD_OP_OFFLOAD_ON_AN_H100[case]
+    assert abs(got - measured) <= 0.1 * measured, (got, measured, terms["compute_gpu"].formula)
+
+
 GPU_CASES = {
     "smol": ("smol", "auto", {}),
     "qwen-stock": ("qwen", "stock", {}),

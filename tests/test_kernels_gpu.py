@@ -110,6 +110,10 @@ def _check_gather(table: PleTable, rows: np.ndarray, stream: object = None) -> N
         out = cupy.full(ref.shape, np.nan, dtype=cupy.float32)
         out.view(cupy.uint32).fill(0x7FBADBAD)  # a NaN pattern no decoder produces
         src = cupy.asarray(rows.astype(np.int32)) if device_rows else rows
+        # `out`'s fill and the rows' copy ran on CuPy's current stream; a gather on another one
+        # (a non-blocking stream, as llama.cpp's) is ordered after nothing there, so they must be
+        # done first, as llama.cpp's inputs are done on its stream before it calls the provider
+        cupy.cuda.get_current_stream().synchronize()
         table.gather(src, out, stream=stream)
         table.raise_on_bad_rows(stream)
         got = out.get()

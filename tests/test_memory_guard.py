@@ -82,11 +82,15 @@ def test_probe_finds_the_shared_gpu_and_reads_an_injected_meminfo(gb10: Path, tm
     assert found.mem.available == 9 * GIB and found.shared_with_gpu and found.margin == 4 * GIB
 
 
-def _needed(smollm2_path: Path) -> int:
-    """What the test profile needs in RAM on this (CPU) build, from the real check."""
+def _needed(smollm2_path: Path, **sections: dict) -> int:
+    """What the test profile needs in RAM from the real check, on the machine the fake
+    `nvidia-smi` makes this one (a GB10: the GPU's buffers are RAM too) with plenty free and
+    this build's llama.cpp (a CUDA build also counts the GPU's compute buffers and runtime)."""
     mem = machine.MemInfo(total=64 * GIB, available=32 * GIB, swap_total=0, swap_free=0, cached=0)
-    roomy = report.check(test_profile(smollm2_path), smollm2_path, machine.Machine(mem, False, None))
-    assert roomy.fits and roomy.margin == 0
+    gb10 = machine.Gpu("NVIDIA GB10", None, None, "580.95.05", integrated=True)
+    here = machine.Machine(mem, machine.llama_gpu_offload(), gb10)
+    roomy = report.check(test_profile(smollm2_path, **sections), smollm2_path, here)
+    assert roomy.fits and roomy.margin == machine.margin_bytes(64 * GIB)
     return roomy.ram_needed
 
 
@@ -141,7 +145,9 @@ def test_the_cli_refuses_it_with_the_arithmetic_and_exit_2(
 ) -> None:
     from velo_chat.app import cli
 
-    _meminfo(fake_meminfo, total=16 * GIB, available=_needed(smollm2_path) + 1 * GIB)
+    # the profile below: the test profile on the CPU (no n_gpu_layers), as on any machine
+    needed = _needed(smollm2_path, model={"n_gpu_layers": 0})
+    _meminfo(fake_meminfo, total=16 * GIB, available=needed + 1 * GIB)
     folder = locations.user_profiles_dir()
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "small.toml").write_text(

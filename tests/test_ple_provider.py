@@ -139,10 +139,14 @@ def test_engine_reports_the_ple_mode(qwen_path: Path, smollm2_path: Path) -> Non
         assert info.ple.gather == "stock"
         assert info.ple.reason == (reason or "no layers on the GPU (n_gpu_layers = 0)")
         assert info.ple.table == (reason is None)
-        if machine.probe().gpu_offload:  # a CUDA build takes a micro-batch's products (op offload)
+        # A CUDA build takes an op that reads a weight from the host onto the GPU when the op
+        # has 32 rows or more (op offload), also in a one-token decode step. qwen4exp's step has
+        # such ops (3 splits on an H100); SmolLM2's has none, so it stays one split, as on a
+        # build without a GPU: one backend, one split.
+        if machine.probe().gpu_offload and reason is None:
             assert info.local.graph_splits > 1
         else:
-            assert info.local.graph_splits == 1  # everything on the CPU: one backend, one split
+            assert info.local.graph_splits == 1
 
 
 # -- CUDA build with CuPy -----------------------------------------------------------------------

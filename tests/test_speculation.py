@@ -391,7 +391,13 @@ def test_qwen_replay_drafts_the_plain_reply(qwen_path: Path, tmp_path: Path) -> 
             assert len(times) == 96 and times == sorted(times)
         # a verify batch's tokens share a time: fewer distinct times than tokens speculating
         assert len(set(result.spec_times)) == c.decode_calls + 1 < len(set(result.plain_times))
-        if _same_reply(engine, PROSE, result.plain, result.spec, tol):
+        # A verify batch that costs as many one-token steps as it has tokens cannot pay: the
+        # engine then declines the drafts after timing one (a CUDA build with the layers on the
+        # CPU sends a 9-token batch's wider ops to the GPU: 19 steps each on an H100).
+        unpaying = any(steps >= n for n, steps in c.mean_batch_steps().items())
+        if unpaying:
+            assert c.declined > 0 and 0 < c.accepted and c.accepted >= 0.9 * c.drafted
+        elif _same_reply(engine, PROSE, result.plain, result.spec, tol):
             assert c.drafted > 48 and c.accepted >= 0.9 * c.drafted
             assert c.decode_calls < 48
         else:  # a batch rounded otherwise (a GPU): the reply left the plain one where `tol` allows

@@ -213,13 +213,18 @@ def greedy(engine: Engine, n: int = 40) -> list[int]:
     ]
 
 
+ON_THE_CPU = {"n_gpu_layers": 0}
+"""For the tests of the CPU's own threads: their layers stay on the CPU on a GPU build too
+(with every layer on a GPU, the prefill takes every core and the decode is the GPU's)."""
+
+
 def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
     """Flash attention off: its CPU decode splits the KV cache by thread count, which moves the
     last bits of the logits; every other op gives the same result with 1 or 2 threads."""
     ctx = {"flash_attn": "off", "adapt_threads": False}
     runs = {}
     for pool in (False, True):
-        engine = Engine(test_profile(smollm2_path, context={**ctx, "thread_pool": pool}))
+        engine = Engine(test_profile(smollm2_path, model=ON_THE_CPU, context={**ctx, "thread_pool": pool}))
         loaded = engine.load()
         assert isinstance(loaded, ModelLoaded) and loaded.threads is not None and loaded.threads.prefill >= 1
         assert "(auto)" in loaded.threads.plan or "decode 2" in loaded.threads.plan
@@ -232,7 +237,9 @@ def test_pools_and_thread_changes_mid_decode_keep_greedy_output(smollm2_path):
     assert runs[True] == runs[False] == runs[(True, 1)] == runs[(False, 1)]
 
     # The governor switching between 1 and 2 threads every token changes nothing either.
-    engine = Engine(test_profile(smollm2_path, context={"flash_attn": "off", "adapt_threads": True}))
+    engine = Engine(
+        test_profile(smollm2_path, model=ON_THE_CPU, context={"flash_attn": "off", "adapt_threads": True})
+    )
     engine.load()
     plan = engine._ctx.thread_plan
 
@@ -441,8 +448,8 @@ def test_the_exact_cpu_profile_gives_a_busy_machine_its_prefill_threads(smollm2_
 
     monkeypatch.undo()  # the real machine's cores from here
     context = {"n_threads": 1, "n_threads_batch": 2, "adapt_threads": True, "flash_attn": "on"}
-    plain = spec_engine(smollm2_path, tmp_path / "a", spec=False, context=context)
-    spec = spec_engine(smollm2_path, tmp_path / "b", spec=True, context=context)
+    plain = spec_engine(smollm2_path, tmp_path / "a", spec=False, context=context, model=ON_THE_CPU)
+    spec = spec_engine(smollm2_path, tmp_path / "b", spec=True, context=context, model=ON_THE_CPU)
     try:
         reply = run_turn(plain, STORY, max_tokens=60, ignore_eos=True)[0]
         assert diagnostics(spec).speculation.startswith("on: bit-identical")

@@ -192,7 +192,19 @@ class _Tensors:
                 group = out._add(t, _padded(t, align), h, n_layer)
                 start = h.data_offset + t.offset
                 out.spans.append(Span(shard, group, start, start + (gguf_file.tensor_nbytes(t) or 0)))
+        out._tied_output()
         return out
+
+    def _tied_output(self) -> None:
+        """A model with no `output.weight` (tied embeddings, as SmolLM2's) computes its logits
+        from `token_embd`: that product reads the input table, which then counts among the
+        matrix products (`largest_matmul`) like any output head."""
+        embd = self.names.get("token_embd.weight")
+        if "output.weight" in self.names or embd is None or len(embd.shape) < 2:
+            return
+        size = gguf_file.tensor_nbytes(embd) or 0
+        if size > self.largest_matmul[0]:
+            self.largest_matmul = (size, int(embd.shape[0]), int(embd.shape[1]))
 
     def _add(self, t: gguf_file.TensorInfo, size: int, h: gguf_file.GGUFHeader, n_layer: int) -> str:
         """Count one tensor of `size` bytes where it belongs; its `Span.group`."""
