@@ -21,6 +21,7 @@ from velo_chat.engine.prompt.chat_template import ChatMessage
 from velo_chat.engine.engine import Engine
 from velo_chat.engine.diagnostics import diagnostics
 from velo_chat.engine.events import EngineWarning, TurnDone
+from velo_chat.engine.fit import machine
 
 from tests.support.engine_helpers import run_cli, test_profile
 
@@ -93,7 +94,12 @@ def test_damaged_checkpoints_are_discarded_and_the_turn_goes_cold(smollm2_path, 
     done, warnings = fresh_turn(smollm2_path, root)
     assert done.stats.source == "none" and done.stats.cached_tokens == 0
     assert len(warnings) >= 1 and all("discarded checkpoint" in w for w in warnings)
-    assert done.text == first.text == cold_text(smollm2_path)
+    # cold like the seed turn, whose prefill paused at the same save points: the same batches
+    # (a prefill in other batches may move the logits' last bits on a GPU, `op_offload`
+    # included, so the reply of a turn without checkpoints is compared on the CPU only)
+    assert done.text == first.text
+    if not machine.probe().gpu_offload:
+        assert done.text == cold_text(smollm2_path)
     for f in files:
         # Deleted, or rewritten whole by this turn's own save (then it verifies).
         if f.exists():

@@ -6,12 +6,13 @@
 #                                llama-cpp-python's server stack for the remote tests, the pytest
 #                                plugins, gguf), for its Python (3.12), at this .venv's versions
 #   .device-suite/test-data/     llama.cpp's chat templates (the test-data cache, not SmolLM2)
-#   .device-suite/smol/part-NN   SmolLM2-135M Q4_1 (94 MB) in 28 MiB parts, and its sha256
+#   .device-suite/smol/part-NN   SmolLM2-135M Q4_1 (94 MB) in two parts, and its sha256: the
+#                                first 39 MB, which fits the first call beside the rest, and
+#                                what is left (59 MB), which fits a call of its own
 #
 #   bash benchmarks/device/prepare_suite.sh      # from the repo root, after `make test` once
 #
-# The carries of device_suite.sh's calls: the first [".device", ".device-suite/whl",
-# ".device-suite/test-data"], then two parts of SmolLM2 a call (the script says which).
+# device_suite.sh's header lists what each of its two calls carries.
 # .device-suite/ is ignored by git.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,7 +59,8 @@ for pinned in $names; do
     --platform manylinux_2_28_x86_64 --dest "$dest.tmp/whl" "$pinned"
 done
 cp -r "$cache/llama-cpp-python-0.3.36-templates" "$dest.tmp/test-data"
-split -b 28M -d "$smol" "$dest.tmp/smol/part-"
+head -c 39000000 "$smol" > "$dest.tmp/smol/part-00"
+tail -c +39000001 "$smol" > "$dest.tmp/smol/part-01"
 (cd "$(dirname "$smol")" && sha256sum "$(basename "$smol")") > "$dest.tmp/smol/sha256"
 ls "$dest.tmp/smol" | grep -c '^part-' > "$dest.tmp/smol/parts"
 rm -rf "$dest" && mv "$dest.tmp" "$dest"
