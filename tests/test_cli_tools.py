@@ -75,9 +75,9 @@ def _ask(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _export(cwd: Path, session_id: str) -> dict:
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "velo_chat.app.cli", "sessions", "export", session_id, "--format", "json"],
+        [sys.executable, "-m", "velo_chat.app.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -85,7 +85,11 @@ def _export(cwd: Path, session_id: str) -> dict:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return proc
+
+
+def _export(cwd: Path, session_id: str) -> dict:
+    return json.loads(_cli(cwd, "sessions", "export", session_id, "--format", "json").stdout)
 
 
 def test_a_loop_without_a_terminal_runs_reads_and_refuses_the_rest(velo_home, tool_model, tmp_path):
@@ -113,6 +117,12 @@ def test_a_loop_without_a_terminal_runs_reads_and_refuses_the_rest(velo_home, to
     assert (repo / "src" / "app.py").read_text() == "def add(a, b):\n    return a - b\n" or any(
         r["tool"] in ("edit_file", "write_file") and r["decision"] != "refused" for r in results
     )
+    # `sessions show` lists each call under its reply, with what came of it
+    shown = _cli(repo, "sessions", "show", out["session_id"]).stdout.splitlines()
+    calls = [line for line in shown if line.startswith("🔧 ")]
+    assert calls and len(calls) == sum(len(m.get("tool_calls", [])) for m in data["messages"])
+    refused = [r for r in results if r["decision"] == "refused"]
+    assert sum("· refused: " in line for line in calls) == len(refused)
 
 
 def test_yes_allows_edits_and_commands_in_the_folder_only(velo_home, tool_model, tmp_path):

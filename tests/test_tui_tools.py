@@ -27,7 +27,8 @@ from velo_chat.app.tools.types import ApprovalAnswer, PreparedCall
 from velo_chat.app.widgets.composer.composer import Composer
 from velo_chat.app.widgets.telemetry.panel import LivePanel
 from velo_chat.app.widgets.transcript.message import MessageView
-from velo_chat.app.widgets.transcript.tool_block import ToolBlock, capped, diff_counts, tool_title
+from velo_chat.app.tools.call_line import diff_counts, plain_line
+from velo_chat.app.widgets.transcript.tool_block import ToolBlock, capped, tool_title
 from velo_chat.app.widgets.transcript.transcript import Transcript
 from velo_chat.engine import ToolCall
 from velo_chat.store import SessionStore
@@ -148,6 +149,10 @@ def test_folded_line_says_what_came_of_each_call():
     assert tool_title(stored(edit), refused) == "edit_file calc.py · [b $error]refused[/]: not \\[now]"
     bare = StoredToolCall("c", "read_file", {"path": "a.py"}, "")
     assert tool_title(bare, None) == "read_file a.py · [i]not run[/i]"
+    # the same facts as text, for `sessions show`
+    assert plain_line(stored(command), failed) == "run_command `pytest -q` · exit 1 · 3 lines · 1.5 s"
+    assert plain_line(stored(edit), refused) == "edit_file calc.py · refused: not [now]"
+    assert plain_line(bare, None) == "read_file a.py · not run"
     assert capped("\n".join(map(str, range(50))), 40).endswith("39\n… 10 more lines")
 
 

@@ -14,6 +14,7 @@ from velo_chat.store import SessionStore
 from velo_chat.store.input_text import decode_text
 
 from ..errors import UserError
+from ..tools.call_line import plain_line
 from .common import load_engine, open_store, replaced_warning, resolve_profile, say_waiting
 
 
@@ -79,6 +80,9 @@ def _show(store: SessionStore, args: argparse.Namespace) -> None:
             pin = ", pinned" if a.pinned else ""
             print(f"📎 {a.path} ({a.size:,} bytes, sha256 {a.sha256[:12]}{pin})")
         print(m.content)
+        results = {r.call_index: r for r in m.tool_results}
+        for i, call in enumerate(m.tool_calls):  # a step of a tool loop: what each call did
+            print(f"🔧 {plain_line(call, results.get(i))}")
 
 
 def _compact(store: SessionStore, args: argparse.Namespace) -> None:

@@ -24,6 +24,7 @@ from velo_chat.engine.config import ToolSettings
 
 from .output import count, decode
 from .types import PreparedCall, ToolOutcome
+from .call_line import diff_counts
 from .workspace import ResolvedPath, Workspace
 
 BINARY_SNIFF_BYTES = 8192
@@ -310,12 +311,7 @@ def _diff_names(target: ResolvedPath) -> tuple[str, str]:
 
 
 def _diff_counts(diff: str) -> str:
-    added = removed = 0
-    for line in diff.splitlines():
-        if line.startswith("+") and not line.startswith("+++"):
-            added += 1
-        elif line.startswith("-") and not line.startswith("---"):
-            removed += 1
+    added, removed = diff_counts(diff)
     return f"(+{added} -{removed})"
 
 

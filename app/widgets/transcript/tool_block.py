@@ -16,7 +16,6 @@ checked call (`PreparedCall`) gives the diff or the command that is being asked 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,14 +25,13 @@ from textual.widgets import Collapsible, Static
 
 from velo_chat.store.models import StoredToolCall, ToolResult
 
+from ...tools.call_line import NOT_RUN, Fact, call_head, result_facts
+from ...tools.output import count
 from ...tools.types import PreparedCall
 
 READ_CAP_LINES = 40  # a read's result shown in the transcript (the model got all of it)
 OUTPUT_CAP_LINES = 200  # a command's output shown when its fold opens
 CAP_CHARS = 20_000
-ARGS_WIDTH = 60  # the arguments' share of the folded line
-
-NOT_RUN = {"refused", "invalid", "stopped"}
 
 
 @dataclass(frozen=True)
@@ -65,17 +63,6 @@ def diff_content(diff: str) -> Content:
     return Content("\n").join(rows)
 
 
-def diff_counts(diff: str) -> tuple[int, int]:
-    """Lines added and removed by a unified diff (its file headers not counted)."""
-    added = removed = 0
-    for line in diff.splitlines():
-        if line.startswith("+") and not line.startswith("+++"):
-            added += 1
-        elif line.startswith("-") and not line.startswith("---"):
-            removed += 1
-    return added, removed
-
-
 def capped(text: str, max_lines: int, max_chars: int = CAP_CHARS) -> str:
     """`text` cut to its first `max_lines` lines and `max_chars` characters, saying how much
     was left out."""
@@ -91,63 +78,29 @@ def capped(text: str, max_lines: int, max_chars: int = CAP_CHARS) -> str:
     return shown
 
 
-def short_arguments(arguments: Mapping[str, Any], width: int = ARGS_WIDTH) -> str:
-    """The arguments in one short line: values only for one argument, `name=value` for
-    several; long values cut with an ellipsis."""
-    parts = []
-    for name, value in arguments.items():
-        text = value if isinstance(value, str) else repr(value)
-        text = " ".join(text.split())
-        parts.append(text if len(arguments) == 1 else f"{name}={text}")
-    line = " ".join(parts)
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+def _markup(fact: Fact) -> str:
+    text = escape(fact.text)
+    if fact.tone in ("error", "warning"):
+        text = f"[b ${fact.tone}]{text}[/]"
+    elif fact.tone == "quiet":
+        text = f"[i]{text}[/i]"
+    return text + (f": {escape(fact.detail)}" if fact.detail else "")
 
 
 def tool_title(call: StoredToolCall, result: ToolResult | None, pending: Pending | None = None) -> str:
     """The folded line (Content markup; what the model or a file wrote is escaped): the call,
-    then what came of it, or that it waits or runs."""
-    details = result.details if result is not None else {}
-    summary = str(details.get("summary") or "")
-    if not summary and pending is not None and pending.prepared is not None:
-        summary = pending.prepared.summary
-    head = summary or f"{call.name} {short_arguments(call.arguments)}".rstrip()
-    facts: list[str] = []
-    if result is None:
-        if pending is None:
-            facts.append("[i]not run[/i]")
-        elif pending.waiting:
-            facts.append("[b $warning]waiting for your approval[/]")
-        else:
-            facts.append("[i]running…[/i]")
-    elif result.decision in NOT_RUN:
-        word = {"refused": "refused", "invalid": "invalid", "stopped": "stopped"}[result.decision]
-        why = result.reason if result.decision == "refused" else call.error or ""
-        if result.decision == "invalid" and not why:
-            why = result.content.removeprefix("error: ")
-        why = " ".join(why.split())
-        facts.append(f"[b $error]{word}[/]" + (f": {escape(why[:ARGS_WIDTH])}" if why else ""))
+    then what came of it (`call_line.py`), or that it waits or runs."""
+    prepared = pending.prepared.summary if pending is not None and pending.prepared is not None else ""
+    head = call_head(call, result, prepared)
+    if result is not None:
+        facts = result_facts(call, result)
+    elif pending is None:
+        facts = [Fact("not run", "quiet")]
+    elif pending.waiting:
+        facts = [Fact("waiting for your approval", "warning")]
     else:
-        diff = str(details.get("diff") or "")
-        if diff:
-            added, removed = diff_counts(diff)
-            facts.append(f"+{added} −{removed}")
-        if "exit_code" in details:
-            code = details["exit_code"]
-            facts.append(f"exit {code}" if code == 0 else f"[b $error]exit {code}[/]")
-        if not diff:
-            facts.append(_count(len(result.content.splitlines()), "line"))
-        if details.get("truncated"):
-            facts.append("cut")
-        if not result.ok and "exit_code" not in details:
-            facts.append("[b $error]failed[/]")
-        seconds = details.get("seconds")
-        if isinstance(seconds, (int, float)):
-            facts.append(f"{seconds:.1f} s")
-    return " · ".join([escape(head), *facts])
+        facts = [Fact("running…", "quiet")]
+    return " · ".join([escape(head), *map(_markup, facts)])
 
 
 class ToolBlock(Collapsible):
@@ -241,7 +194,7 @@ class ToolBlock(Collapsible):
             for p in (
                 "output",
                 f"exit {code}" if code is not None else "",
-                _count(n, "line"),
+                count(n, "line"),
                 "cut" if result.details.get("truncated") else "",
             )
             if p
