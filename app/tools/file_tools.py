@@ -22,9 +22,9 @@ from velo_chat.engine import ToolCall
 from velo_chat.engine.config import atomic_write
 from velo_chat.engine.config import ToolSettings
 
+from .call_line import diff_counts
 from .output import count, decode
 from .types import PreparedCall, ToolOutcome
-from .call_line import diff_counts
 from .workspace import ResolvedPath, Workspace
 
 BINARY_SNIFF_BYTES = 8192

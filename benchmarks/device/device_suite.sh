@@ -23,8 +23,9 @@
 # 19) wait behind them, past the engine's close timeout (the likely cause of the resume tests
 # that failed in such a run, docs/results/scale.md). How long the build and the runs took is
 # in docs/results/scale.md.
-# SEQUENTIAL=1 runs the GPU mode after the CPU one. Each call copies the logs so far to $OUT/suite/: build.log,
-# cpu.log, gpu.log (pytest -rfEs: every failure, error and skip named), status.txt.
+# SEQUENTIAL=1 runs the GPU mode after the CPU one. Each call packs the logs so far into
+# $OUT/suite.tgz: build.log, cpu-N.log and gpu-N.log per shard (pytest -v names each test as it
+# ends; -rfEs names every failure, error and skip at the end), status.txt.
 # PYTEST_ARGS adds arguments to both runs (e.g. "-x", or "-k resume" to try the set-up).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
