@@ -17,7 +17,8 @@
 #          estimate vs llama.cpp" log lines (load.jsonl)
 #   fit    benchmarks/fit_sweep.py: the fit estimate per term against the buffers llama.cpp logs,
 #          n_ctx FIT_CTX (8K/32K/128K), n_ubatch FIT_UBATCH (UBATCH), flash attention on, stock
-#          and GPU PLE (fit.json). Buffer sizes, not times: it may run beside other work
+#          and GPU PLE, the scheduler's assignment at FIT_SCHED ("on,UBATCH,8192") (fit.json).
+#          Buffer sizes, not times: it may run beside other work
 #   bench  `velo-chat bench --ple PLE_MODES`: prefill at PREFILL sizes, DECODE_TOKENS greedy decode
 #          tokens REPEATS times, every layer on the GPU, once per PLE path (bench.json)
 #   ckpt   `velo-chat bench --ckpt-sizes CKPT_SIZES` (engine/bench/checkpoint_sizes.py): per size
@@ -85,7 +86,7 @@ print(f\"{d['file_bytes']/2**30:.2f} GiB ({d['kinds']}, PLE {d['ple_bytes']/2**3
   fit)
     timeout 400 python3 benchmarks/fit_sweep.py "$model" --gpu-layers -1 --out "$scale/fit.json" \
       --ubatch "${FIT_UBATCH:-$ubatch}" --ctx "${FIT_CTX:-8192,32768,131072}" --flash-attn on \
-      --sched-debug "on,$ubatch,8192" \
+      --sched-debug "${FIT_SCHED:-on,$ubatch,8192}" \
       > "$scale/fit.log" 2>&1
     note "fit: rc $?"; tail -14 "$scale/fit.log" | tee -a "$scale/summary.txt"
     ;;
