@@ -191,3 +191,26 @@ def test_a_pack_whose_id_ends_in_nul_bytes_is_found(tmp_path, monkeypatch):
     assert restored(t, "two") == kv_state(all_cells[:1200]).tobytes()
     assert restored(t, "one") == kv_state(all_cells[:1000]).tobytes()
     t.close()
+
+
+def test_the_whole_state_digest_is_hashed_while_the_packs_are_read(tmp_path, monkeypatch):
+    """A state of several 16 MiB blocks, its chunks in two packs: each block is hashed as soon
+    as its last byte is in, whatever order the packs deliver them in and however the reads cut
+    across the blocks, and the restore gives the state back byte for byte."""
+    from velo_chat.engine.checkpoints import chunked_read
+
+    all_cells = cells(20_000)  # 6 layers x 384 B a cell: 46 MB at the end, 3 blocks
+    t = tier(tmp_path, budget=2**31)
+    t.save("one", np.arange(16_000, dtype=np.int32), kv_state(all_cells[:16_000]))
+    long = kv_state(all_cells)
+    t.save("two", np.arange(20_000, dtype=np.int32), long)
+    assert t.flush(120)
+    t.close()
+    monkeypatch.setattr(chunked_read.ChunkedPayload, "READ_PIECE", (1 << 20) + 3)  # odd cuts
+    whole_again = []
+    monkeypatch.setattr(cf, "payload_digest", lambda *a, **k: whole_again.append(1))
+    again = tier(tmp_path)
+    assert len({run.pack for run in chunked_read._runs(again.entries["two"].table)}) == 2
+    assert restored(again, "two") == long.tobytes()
+    assert not whole_again  # no second pass over the state after the reads
+    again.close()

@@ -1,12 +1,13 @@
 """Reading a chunked checkpoint (format 3, `file_format.py`) back into one buffer, fast and
 verified: the packs are read at once, each in offset order, and the whole state is checked
-against its block digest on every core, chunk by chunk only when that fails.
+against its block digest on every core while it is read, chunk by chunk only when that fails.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,7 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from .file_format import CheckpointInvalid, ChunkDamaged, digests_of, pack_path, packs_of, payload_digest
+from .file_format import (
+    CHUNK,
+    CheckpointInvalid,
+    ChunkDamaged,
+    block_count,
+    digest_of_blocks,
+    digests_of,
+    pack_path,
+    packs_of,
+)
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,10 @@ class ChunkedPayload:
 
     The packs are read at once (`READERS`), each in its own order (its runs sorted by offset,
     after telling the kernel which ranges will be read, so that it reads ahead), with `pread`
-    into the run's place in the buffer; worker threads hash the chunks of each batch of runs as
-    soon as it is in, so the restore takes about the longer of the read and the hashing, not
-    their sum."""
+    into the run's place in the buffer, `READ_PIECE` bytes a call. Worker threads hash what is
+    in as soon as it is: each 16 MiB block of the whole state once its last byte has arrived
+    (`_Blocks`), or the chunks of each batch of runs. The restore then takes about the longer
+    of the read and the hashing, not their sum."""
 
     READERS = 4
     """Packs read at once: a restore's chunks sit in several packs, and a disk serves
@@ -73,6 +84,9 @@ class ChunkedPayload:
     VERIFY_BATCH = 4 << 20
     """Bytes of chunks one verify task hashes, about (a task per 4 KiB chunk would cost more in
     scheduling than in hashing)."""
+    READ_PIECE = 4 << 20
+    """Bytes one `pread` asks for: a long run is read in pieces, so the blocks it completes are
+    hashed while the rest of it is still being read."""
 
     def __init__(
         self,
@@ -102,10 +116,15 @@ class ChunkedPayload:
 
         tasks: list[Any] = []  # appended to by the readers (list.append is atomic)
         with ThreadPoolExecutor(max_workers=workers) as hashers:
+            blocks = _Blocks(buf, hashers) if state_sha256 else None
 
             def each_batch(ranges: list[tuple[int, int]]) -> None:
                 if not state_sha256:  # no whole-state digest: the chunks are the check
                     tasks.append(hashers.submit(bad_in, ranges))
+
+            def each_piece(start: int, length: int) -> None:
+                if blocks is not None:
+                    blocks.arrived(start, length)
 
             readers = ThreadPoolExecutor(max_workers=min(len(by_pack), self.READERS) or 1)
             reads: list[Any] = []
@@ -119,18 +138,19 @@ class ChunkedPayload:
                         sorted(runs, key=lambda r: r.offset),
                         buf,
                         each_batch,
+                        each_piece,
                     )
                     for pack, runs in by_pack.items()
                 ]
                 for r in reads:
                     r.result()  # a missing or short pack raises here
             except BaseException:
-                for t in [*reads, *tasks]:
+                for t in [*reads, *tasks, *(blocks.hashing if blocks else [])]:
                     t.cancel()
                 raise
             finally:
                 readers.shutdown(wait=True)
-            if state_sha256 and payload_digest(buf, threads) != state_sha256:
+            if blocks is not None and blocks.digest() != state_sha256:
                 step = max(1, len(digests) // workers)
                 tasks = [
                     hashers.submit(bad_in, [(i, min(i + step, len(digests)))])
@@ -153,9 +173,11 @@ class ChunkedPayload:
         runs: list[_Run],
         buf: np.ndarray,
         verify: Callable[[list[tuple[int, int]]], None],
+        arrived: Callable[[int, int], None],
     ) -> None:
         """Read one pack's `runs` (sorted by offset) into `buf`, handing their chunk ranges to
-        `verify` in batches of about VERIFY_BATCH bytes."""
+        `verify` in batches of about VERIFY_BATCH bytes, and each piece read (its place in the
+        payload and its length) to `arrived`."""
         try:
             fd = os.open(pack_path(directory, pack), os.O_RDONLY)
         except FileNotFoundError:
@@ -169,9 +191,11 @@ class ChunkedPayload:
             for run in runs:
                 got = 0
                 while got < run.length:  # pread may return less than asked
-                    n = os.preadv(fd, [buf.data[run.start + got : run.start + run.length]], run.offset + got)
+                    piece = buf.data[run.start + got : run.start + min(run.length, got + cls.READ_PIECE)]
+                    n = os.preadv(fd, [piece], run.offset + got)
                     if n == 0:
                         raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", cls._first(table, pack))
+                    arrived(run.start + got, n)
                     got += n
                 batch.append((run.first, run.stop))
                 batch_bytes += run.length
@@ -197,3 +221,43 @@ class ChunkedPayload:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Blocks:
+    """The whole state's `payload_digest`, computed while the payload is read: each 16 MiB
+    block is hashed (on `hashers`) as soon as every byte of it has arrived, in whatever order
+    the packs deliver them."""
+
+    def __init__(self, buf: np.ndarray, hashers: ThreadPoolExecutor) -> None:
+        self.buf = buf
+        self.hashers = hashers
+        n = block_count(len(buf))
+        self.missing = [min(CHUNK, len(buf) - b * CHUNK) for b in range(n)]  # bytes still to come
+        self.parts: list[Any] = [None] * n
+        self.hashing: list[Any] = []
+        self._lock = threading.Lock()
+        if len(buf) == 0:
+            self._hash(0)
+
+    def arrived(self, start: int, length: int) -> None:
+        """`length` bytes at `start` are in `buf` (each byte arrives once)."""
+        done = []
+        with self._lock:
+            end = start + length
+            for b in range(start // CHUNK, -(-end // CHUNK)):
+                self.missing[b] -= min(end, (b + 1) * CHUNK) - max(start, b * CHUNK)
+                if self.missing[b] == 0:
+                    done.append(b)
+        for b in done:
+            self._hash(b)
+
+    def _hash(self, b: int) -> None:
+        block = self.buf.data[b * CHUNK : (b + 1) * CHUNK]
+        self.parts[b] = self.hashers.submit(lambda: hashlib.sha256(block).digest())
+        self.hashing.append(self.parts[b])
+
+    def digest(self) -> str:
+        """The digest of what was read (every byte must have arrived: the reads have ended)."""
+        if any(self.missing):
+            raise CheckpointInvalid("the chunk table does not cover the whole state")
+        return digest_of_blocks([p.result() for p in self.parts])

@@ -87,6 +87,18 @@ def payload_digest(data: Any, threads: int | None = None) -> str:
     for c in chunks:
         c.release()
     view.release()
+    return digest_of_blocks(parts)
+
+
+def block_count(n_bytes: int) -> int:
+    """How many `CHUNK` blocks `payload_digest` hashes for a payload of `n_bytes` (an empty
+    payload is one empty block)."""
+    return max(1, -(-n_bytes // CHUNK))
+
+
+def digest_of_blocks(parts: list[bytes]) -> str:
+    """`payload_digest` from its blocks' SHA-256 digests, in order (a reader that hashes each
+    block as soon as it is in combines them here)."""
     return "sha256-16MiB:" + hashlib.sha256(b"".join(parts)).hexdigest()
 
 
