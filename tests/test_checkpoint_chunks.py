@@ -206,7 +206,6 @@ def test_the_whole_state_digest_is_hashed_while_the_packs_are_read(tmp_path, mon
     t.save("two", np.arange(20_000, dtype=np.int32), long)
     assert t.flush(120)
     t.close()
-    monkeypatch.setattr(chunked_read.ChunkedPayload, "READ_PIECE", (1 << 20) + 3)  # odd cuts
     whole_again = []
     monkeypatch.setattr(cf, "payload_digest", lambda *a, **k: whole_again.append(1))
     again = tier(tmp_path)

@@ -73,8 +73,9 @@ class ChunkedPayload:
 
     The packs are read at once (`READERS`), each in its own order (its runs sorted by offset,
     after telling the kernel which ranges will be read, so that it reads ahead), with `pread`
-    into the run's place in the buffer, `READ_PIECE` bytes a call. Worker threads hash what is
-    in as soon as it is: each 16 MiB block of the whole state once its last byte has arrived
+    into the run's place in the buffer (a run in one call: smaller reads of a pack that is not
+    in the page cache made the restore slower and less even). Worker threads hash what is in as
+    soon as it is: each 16 MiB block of the whole state once its last byte has arrived
     (`_Blocks`), or the chunks of each batch of runs. The restore then takes about the longer
     of the read and the hashing, not their sum."""
 
@@ -84,9 +85,6 @@ class ChunkedPayload:
     VERIFY_BATCH = 4 << 20
     """Bytes of chunks one verify task hashes, about (a task per 4 KiB chunk would cost more in
     scheduling than in hashing)."""
-    READ_PIECE = 4 << 20
-    """Bytes one `pread` asks for: a long run is read in pieces, so the blocks it completes are
-    hashed while the rest of it is still being read."""
 
     def __init__(
         self,
@@ -122,7 +120,7 @@ class ChunkedPayload:
                 if not state_sha256:  # no whole-state digest: the chunks are the check
                     tasks.append(hashers.submit(bad_in, ranges))
 
-            def each_piece(start: int, length: int) -> None:
+            def each_read(start: int, length: int) -> None:
                 if blocks is not None:
                     blocks.arrived(start, length)
 
@@ -138,7 +136,7 @@ class ChunkedPayload:
                         sorted(runs, key=lambda r: r.offset),
                         buf,
                         each_batch,
-                        each_piece,
+                        each_read,
                     )
                     for pack, runs in by_pack.items()
                 ]
@@ -176,7 +174,7 @@ class ChunkedPayload:
         arrived: Callable[[int, int], None],
     ) -> None:
         """Read one pack's `runs` (sorted by offset) into `buf`, handing their chunk ranges to
-        `verify` in batches of about VERIFY_BATCH bytes, and each piece read (its place in the
+        `verify` in batches of about VERIFY_BATCH bytes, and each read (its place in the
         payload and its length) to `arrived`."""
         try:
             fd = os.open(pack_path(directory, pack), os.O_RDONLY)
@@ -191,8 +189,7 @@ class ChunkedPayload:
             for run in runs:
                 got = 0
                 while got < run.length:  # pread may return less than asked
-                    piece = buf.data[run.start + got : run.start + min(run.length, got + cls.READ_PIECE)]
-                    n = os.preadv(fd, [piece], run.offset + got)
+                    n = os.preadv(fd, [buf.data[run.start + got : run.start + run.length]], run.offset + got)
                     if n == 0:
                         raise ChunkDamaged(f"chunk pack {pack.hex()} is truncated", cls._first(table, pack))
                     arrived(run.start + got, n)
