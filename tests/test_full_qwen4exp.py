@@ -18,6 +18,10 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from devkit import full_qwen4exp as fq
+from velo_chat.engine.config import build_profile
+from velo_chat.engine.diagnostics import install_llama_log
+from velo_chat.engine.fit import llama_buffers, read_facts
+from velo_chat.engine.fit.compute import compute_bytes
 
 llama_cpp = pytest.importorskip("llama_cpp.llama_cpp")
 
@@ -130,6 +134,72 @@ def test_llama_cpp_accepts_every_shape_and_type_at_full_depth(full_depth_header:
         llama_cpp.llama_free(ctx)
     finally:
         llama_cpp.llama_model_free(model)
+
+
+@pytest.fixture(scope="module")
+def twelve_layer_header(tmp_path_factory: pytest.TempPathFactory, tokenizer_gguf: Path) -> Iterator[Path]:
+    """The model the GPU machine measures (12 layers, a quarter of the PLE table), header only."""
+    path = tmp_path_factory.mktemp("full-qwen4exp") / "header-12.gguf"
+    try:
+        fq.write_full_qwen4exp(path, n_layer=12, ple_fraction=0.25, tokenizer_gguf=tokenizer_gguf, data=False)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _reserved_compute(model: ctypes.c_void_p, n_ctx: int, n_ubatch: int) -> int:
+    """The compute buffer llama.cpp reserves for a context (no_alloc: sized, not allocated), its
+    graph on the CPU (no op offload, so that a CUDA build sizes the same graph)."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, 512, n_ubatch
+    params.flash_attn_type, params.op_offload = 1, False  # flash attention on
+    with llama_buffers.captured() as got:
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        assert ctx
+        llama_cpp.llama_free(ctx)
+    return sum(got.sizes("compute"))
+
+
+def _compute_estimate(path: Path, n_ctx: int, n_ubatch: int, *, cuda: bool) -> int:
+    context = {"n_ctx": n_ctx, "n_ubatch": n_ubatch, "n_batch": 512, "flash_attn": "on"}
+    profile = build_profile("full", {"model": {"path": str(path)}, "context": context})
+    return compute_bytes(profile, read_facts(path), n_ctx, cuda=cuda)[0]
+
+
+@pytest.mark.parametrize("n_ctx", [131072, 262144])
+def test_the_fit_estimate_of_the_compute_buffer_holds_at_full_width(
+    full_depth_header: Path, n_ctx: int
+) -> None:
+    """At 128K and more the peak of the real model's graph is the sparse attention's scratch
+    (about 13 B for each cached token and batch token); the tiny models never reach it."""
+    install_llama_log()
+    model = _load(full_depth_header, no_alloc=True)
+    assert model
+    try:
+        for n_ubatch in (256, 512):
+            measured = _reserved_compute(model, n_ctx, n_ubatch)
+            estimated = _compute_estimate(full_depth_header, n_ctx, n_ubatch, cuda=False)
+            assert abs(estimated / measured - 1) <= 0.05, (n_ubatch, estimated, measured)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+# What the CUDA build reserved on an H100 for the 12-layer model with every layer on the GPU,
+# flash attention on (docs/results/scale.md, 2026-12-07, late night), MiB by (n_ubatch, n_ctx).
+GPU_COMPUTE_AT_FULL_WIDTH_ON_AN_H100 = {
+    (256, 65536): 257.77,
+    (256, 131072): 466.52,
+    (256, 196608): 675.27,
+    (512, 65536): 514.79,
+    (512, 131072): 931.54,
+    (512, 196608): 1348.29,
+}
+
+
+def test_the_gpu_compute_estimate_at_full_width_matches_an_h100(twelve_layer_header: Path) -> None:
+    for (n_ubatch, n_ctx), measured in GPU_COMPUTE_AT_FULL_WIDTH_ON_AN_H100.items():
+        estimated = _compute_estimate(twelve_layer_header, n_ctx, n_ubatch, cuda=True) / 2**20
+        assert abs(estimated / measured - 1) <= 0.05, (n_ubatch, n_ctx, estimated, measured)
 
 
 def test_llama_cpp_refuses_a_plan_with_one_shape_wrong(

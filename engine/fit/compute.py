@@ -58,9 +58,12 @@ def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
     with flash attention, f32 without); without flash attention the f32 scores of every head
     (the softmax overwrites them in place); the qwen4exp indexer's scores (per block and head
     before they are summed, then two f32 values per cell: the block scores spread over the
-    cells and the mask added to them); the temporaries that remain (measured); on CUDA without
-    flash attention the mask twice: the scheduler copies the mask and its reshaped view to the
-    GPU apart."""
+    cells and the mask added to them); with more than one indexer layer, the holes that the
+    first one's scratch leaves in the allocator's layout, which a later one's is laid out
+    around (measured at full width: 11.5 B per pair with one such layer, 13.0 with 2 to 12 of
+    them, on the CPU and on CUDA alike); the temporaries that remain (measured); on CUDA
+    without flash attention the mask twice: the scheduler copies the mask and its reshaped
+    view to the GPU apart."""
     parts: list[tuple[str, float]] = [("mask", 2 if fa else 4)]
     if not fa:
         parts.append((f"scores ({facts.n_head} heads x 4 B)", 4 * facts.n_head))
@@ -68,6 +71,8 @@ def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
     if r:
         idx = max(8, 4 * facts.indexer_heads / r) + 4 / r
         parts.append((f"indexer (max(2 x 4 B, {facts.indexer_heads} heads x 4 B / {r}) + 4 B / {r})", idx))
+        if len(facts.kv_layers) > 1:
+            parts.append(("a later indexer layer's layout", 1.5))
     parts.append(("temporaries", 0.3 if fa else 0.5))
     if cuda and not fa:
         parts.append(("mask's second GPU copy", 4))
@@ -101,9 +106,18 @@ def compute_bytes(
         return logits, logits_f
     pair, pair_f = per_pair(facts, fa, cuda)
     tables = block_tables(facts, n_ctx)
+    r = facts.indexer_ratio
     # per token beside the pairs: 8 B per embedding value, and one hc-wide residual row with
-    # hyper-connections (measured on the 2560-wide qwen4exp)
-    row = 8 * facts.n_embd + (4 * facts.hc * facts.n_embd if facts.hc > 1 else 0)
+    # hyper-connections (measured on the 2560-wide qwen4exp); with the indexer, which runs
+    # between the attention's query projection and its flash attention, also the query with
+    # its output gate and the query after its norm and rotation (3 x n_head x head_dim f32),
+    # the layer's normed hc-wide input, and one f32 per routed expert for every layer before
+    # (the router's, kept to the graph's end: the peak grows by that with depth; measured at
+    # full width, 8 to 48 layers)
+    hc_row = 4 * facts.hc * facts.n_embd if facts.hc > 1 else 0
+    row = 8 * facts.n_embd + hc_row
+    if r:
+        row += 4 * 3 * facts.n_head * facts.head_dim_k + hc_row + 4 * facts.n_expert * facts.n_layer
     attn = int(n_ctx * ub * pair) + ub * row + tables
     peaks = [logits_f, f"attention {n_ctx:,} x {ub} x ({pair_f}) + {ub} x {row:,} B = {fmt(attn)}"]
     best = max(logits, attn)
@@ -114,7 +128,6 @@ def compute_bytes(
         states = f"2 x {facts.n_embd_s:,} + 2 x {facts.n_embd_r:,} + {facts.ple_conv_state:,}"
         peaks.append(f"recurrent step 4 B x ({states}) = {fmt(step)}")
         best = max(best, step)
-    r = facts.indexer_ratio
     if facts.hc > 1:
         # a hyper-connection model's residual is hc x n_embd wide, and around its MoE about six
         # such rows per token are alive at once (measured on a 2560-wide qwen4exp: 12 x n_embd

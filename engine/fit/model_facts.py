@@ -75,6 +75,7 @@ class ModelFacts:
     ple_heads: int = 0  # PLE rows gathered per token ((ngram_size - 1) x heads_per_ngram)
     ple_head_dim: int = 0  # values per PLE row (embedding_length_per_layer_input)
     hc: int = 1  # hyper-connection streams: the residual is hc x n_embd wide
+    n_expert: int = 0  # routed experts of a MoE layer (expert_count), 0 without
     head_dim_k: int = 0  # values per attention head (attention.key_length, else n_embd / n_head)
     head_dim_v: int = 0
     ssm_conv: int = 0  # the recurrent layers' conv kernel (ssm.conv_kernel)
@@ -151,6 +152,7 @@ def read_facts(path: Path) -> ModelFacts:
         ple_heads=(r.ple_ngram - 1) * _int(meta, a + "ple.heads_per_ngram", 1) if r.ple_conv_state else 0,
         ple_head_dim=_int(meta, a + "embedding_length_per_layer_input") if t.ple_bytes else 0,
         hc=r.hc,
+        n_expert=_int(meta, a + "expert_count"),
         ssm_conv=r.conv,
         ssm_channels=r.channels,
         ssm_conv_bytes=t.conv_bytes,
