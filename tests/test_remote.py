@@ -234,7 +234,10 @@ async def test_the_live_panel_shows_what_a_real_server_streamed(llama_server, tm
         assert reply.status == "complete" and reply.content and reply.stats["backend"] == "remote"
         decode = str(screen.query_one("#panel-decode").render())
         avg = float(re.search(r"avg ([\d,.]+)", decode).group(1).replace(",", ""))
-        assert abs(avg - reply.stats["decode_tok_s"]) < 0.1  # the final rate, as stored (rounded)
+        # the final rate, as stored, to the panel's rounding: one decimal below 1,000 tok/s,
+        # none above (a fast machine streams 12 tokens at more than that)
+        stored = reply.stats["decode_tok_s"]
+        assert abs(avg - stored) <= (0.05 if stored < 1000 else 0.5) + 0.01
         context = str(screen.query_one("#panel-context").render())
         assert f"cached {reply.stats['cached_tokens']:,}" in context
 
