@@ -26,6 +26,7 @@ from tests.support.engine_helpers import test_profile
 pytest_plugins = [
     "tests.support.user_dirs",  # HOME and the XDG folders in a temporary folder for the run
     "tests.support.store_helpers",  # the `db_path` and `store` fixtures
+    "tests.support.failure_log",  # tracebacks written as failures happen (VELO_TEST_FAILURES)
 ]
 
 

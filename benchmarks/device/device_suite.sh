@@ -25,7 +25,9 @@
 # in docs/results/scale.md.
 # SEQUENTIAL=1 runs the GPU mode after the CPU one. Each call packs the logs so far into
 # $OUT/suite.tgz: build.log, cpu-N.log and gpu-N.log per shard (pytest -v names each test as it
-# ends; -rfEs names every failure, error and skip at the end), status.txt.
+# ends; -rfEs names every failure, error and skip at the end), cpu-N.failures and
+# gpu-N.failures (each failure's traceback as it happens, tests/support/failure_log.py: a shard
+# the lease cuts off never reaches pytest's summary), status.txt.
 # PYTEST_ARGS adds arguments to both runs (e.g. "-x", or "-k resume" to try the set-up).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -81,7 +83,7 @@ export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 PYTHONUNBUFFERED=1
 export PYTHONPATH=/tmp/pkg:\${VELO_SITE:-/tmp/velo-site-ple}:$S/site:$S/repo
 export VELO_TEST_CACHE=$S/test-data
 one_run() (  # one_run MODE SHARD SLOT: that shard's test files in that mode, on its own cores
-  export VELO_CHAT_HOME=$S/home-\$1-\$2
+  export VELO_CHAT_HOME=$S/home-\$1-\$2 VELO_TEST_FAILURES=$S/logs/\$1-\$2.failures
   cores=\$(for c in \$(seq \$(( \$3 * $per_shard )) \$(( \$3 * $per_shard + $per_shard - 1 ))); do
     echo \$(( c % \$(nproc) )); done | paste -sd,)
   if [ \$1 = gpu ]; then export VELO_TEST_GPU_LAYERS=-1; else unset VELO_TEST_GPU_LAYERS; fi
