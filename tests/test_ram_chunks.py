@@ -1,7 +1,7 @@
 """RAM-tier checkpoints as shared chunks: a session's states hold what each adds, the chunks are
 cut off the turn's thread (by the disk writer, or by the RAM tier's own thread without a disk
-tier), and a restore from chunks samples what a cold prefill does. Real llama.cpp, SmolLM2 and
-the tiny hybrid qwen4exp."""
+tier), and a restore from chunks samples what a cold prefill does (on a GPU build, what a restore
+of the same states whole does). Real llama.cpp, SmolLM2 and the tiny hybrid qwen4exp."""
 
 from __future__ import annotations
 
