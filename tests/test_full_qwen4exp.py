@@ -106,15 +106,24 @@ def tokenizer_gguf(smollm2_path: Path) -> Path:
     return smollm2_path
 
 
-@pytest.fixture(scope="module")
-def full_depth_header(tmp_path_factory: pytest.TempPathFactory, tokenizer_gguf: Path) -> Iterator[Path]:
-    """All 48 layers and the whole PLE table: a 106 GiB file that is a sparse hole but its header."""
-    path = tmp_path_factory.mktemp("full-qwen4exp") / "header-48.gguf"
+def _header_only(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_gguf: Path, n_layer: int, ple_fraction: float
+) -> Iterator[Path]:
+    """A full-width model whose data section is a sparse hole: its header, shapes and types."""
+    path = tmp_path_factory.mktemp("full-qwen4exp") / f"header-{n_layer}.gguf"
     try:
-        fq.write_full_qwen4exp(path, n_layer=48, ple_fraction=1.0, tokenizer_gguf=tokenizer_gguf, data=False)
+        fq.write_full_qwen4exp(
+            path, n_layer=n_layer, ple_fraction=ple_fraction, tokenizer_gguf=tokenizer_gguf, data=False
+        )
         yield path
     finally:
         path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def full_depth_header(tmp_path_factory: pytest.TempPathFactory, tokenizer_gguf: Path) -> Iterator[Path]:
+    """All 48 layers and the whole PLE table: a 106 GiB file that is a sparse hole but its header."""
+    yield from _header_only(tmp_path_factory, tokenizer_gguf, 48, 1.0)
 
 
 def test_llama_cpp_accepts_every_shape_and_type_at_full_depth(full_depth_header: Path) -> None:
@@ -139,12 +148,7 @@ def test_llama_cpp_accepts_every_shape_and_type_at_full_depth(full_depth_header:
 @pytest.fixture(scope="module")
 def twelve_layer_header(tmp_path_factory: pytest.TempPathFactory, tokenizer_gguf: Path) -> Iterator[Path]:
     """The model the GPU machine measures (12 layers, a quarter of the PLE table), header only."""
-    path = tmp_path_factory.mktemp("full-qwen4exp") / "header-12.gguf"
-    try:
-        fq.write_full_qwen4exp(path, n_layer=12, ple_fraction=0.25, tokenizer_gguf=tokenizer_gguf, data=False)
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
+    yield from _header_only(tmp_path_factory, tokenizer_gguf, 12, 0.25)
 
 
 def _reserved_compute(model: ctypes.c_void_p, n_ctx: int, n_ubatch: int) -> int:
