@@ -243,3 +243,24 @@ def test_with_a_shared_gpu_the_tier_gets_this_machines_guard(gb10: Path, fake_me
     _meminfo(fake_meminfo, total=128 * GIB, available=64 * GIB)
     guard = RamTier(1 * GIB).guard
     assert guard is not None and guard.margin == 128 * GIB // 20 and guard.allows(1 * GIB)
+
+
+def test_a_save_with_memory_to_spare_does_not_count_what_the_tier_holds(tmp_path: Path, monkeypatch) -> None:
+    """What each held state would free is a pass over every chunked entry's chunks, on the
+    turn's thread: the guard asks for it only when memory is short, not at every save."""
+    from velo_chat.engine.checkpoints import chunks as ch
+
+    clock = _Clock()
+    tier = _tier(tmp_path / "mi", 64 * GIB, clock)  # plenty above the 4 GiB margin
+    for key in ("a", "b"):
+        state = _state(1)
+        assert tier.put(key, np.arange(1, dtype=np.int32), state)
+        tier.adopt(key, ch.split(state))
+    counted: list[object] = []
+    monkeypatch.setattr(tier.pool, "only_in", lambda state: counted.append(state) or 0)
+    assert _put(tier, "c", 1)
+    assert not counted
+    _meminfo(tmp_path / "mi", total=128 * GIB, available=4 * GIB + 1 * MIB)  # now it is short
+    clock.now += 1.0  # the guard reads /proc/meminfo again
+    assert _put(tier, "d", 2)
+    assert counted  # asked what the chunked entries would free, then dropped the oldest

@@ -162,13 +162,19 @@ class RamTier:
                 return True
             while self.used + size > self.budget and self.entries:
                 self.drop(next(iter(self.entries)))
-            held = [(k, self._freeable(e)) for k, e in self.entries.items()]
-        if self.guard is not None and not self.guard.admit(size, held, self.drop):
+        if self.guard is not None and not self.guard.admit(size, self._held, self.drop):
             return False  # the memory the machine must keep free: skipped, with a warning
         with self._lock:
             self.entries[key] = RamEntry(tokens, state, key)
             self.whole_bytes += size
         return True
+
+    def _held(self) -> list[tuple[str, int]]:
+        """(key, bytes dropping it alone would free), oldest first: what the memory guard may
+        drop. A pass over every chunked entry's chunks, so the guard asks only when memory is
+        short, never on every save."""
+        with self._lock:
+            return [(k, self._freeable(e)) for k, e in self.entries.items()]
 
     def _freeable(self, entry: RamEntry) -> int:
         return len(entry.state) if entry.whole else self.pool.only_in(entry.state)  # type: ignore[arg-type]

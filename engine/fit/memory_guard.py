@@ -76,9 +76,13 @@ class MemoryGuard:
         with self._lock:
             self._since += nbytes
 
-    def admit(self, nbytes: int, held: Sequence[tuple[str, int]], drop: Callable[[str], None]) -> bool:
-        """May a tier keep `nbytes` more? `held` is what it holds, (key, bytes) oldest first,
-        and `drop(key)` frees one. When keeping the new state would leave less than the margin,
+    def admit(
+        self, nbytes: int, held: Callable[[], Sequence[tuple[str, int]]], drop: Callable[[str], None]
+    ) -> bool:
+        """May a tier keep `nbytes` more? `held()` lists what it holds, (key, bytes) oldest
+        first, and `drop(key)` frees one; the list is asked for only when memory is short (for
+        a tier of shared chunks it costs a pass over every entry's chunks, and the tier asks
+        from the turn's thread). When keeping the new state would leave less than the margin,
         the oldest states go while that is enough (the newest covers the most of the
         conversation); when even all of them would not be, nothing is dropped and the answer is
         no, with a warning. Counts what it admits and drops (a dropped state that a queued
@@ -87,6 +91,7 @@ class MemoryGuard:
             self.took(nbytes)
             return True
         left = self.available() or 0
+        held = held()
         if not self.allows(nbytes - sum(size for _, size in held)):
             log.warning(
                 "a checkpoint of %s was not kept in RAM: %s is available and %s must stay free "
