@@ -91,8 +91,8 @@ class MemoryGuard:
             self.took(nbytes)
             return True
         left = self.available() or 0
-        held = held()
-        if not self.allows(nbytes - sum(size for _, size in held)):
+        states = held()
+        if not self.allows(nbytes - sum(size for _, size in states)):
             log.warning(
                 "a checkpoint of %s was not kept in RAM: %s is available and %s must stay free "
                 "on this machine (its GPU shares the RAM, and running out stalls it); lower "
@@ -103,7 +103,7 @@ class MemoryGuard:
             )
             return False
         dropped = 0
-        for key, size in held:
+        for key, size in states:
             drop(key)
             self.took(-size)
             dropped += 1
