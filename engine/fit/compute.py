@@ -60,8 +60,8 @@ def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
     before they are summed, then two f32 values per cell: the block scores spread over the
     cells and the mask added to them); with more than one indexer layer, the holes that the
     first one's scratch leaves in the allocator's layout, which a later one's is laid out
-    around (measured at full width: 11.5 B per pair with one such layer, 13.0 with 2 to 12 of
-    them, on the CPU and on CUDA alike); the temporaries that remain (measured); on CUDA
+    around (fitted to llama.cpp's reserve at full width, docs/fit.md); the temporaries that
+    remain (measured); on CUDA
     without flash attention the mask twice: the scheduler copies the mask and its reshaped
     view to the GPU apart."""
     parts: list[tuple[str, float]] = [("mask", 2 if fa else 4)]
@@ -111,9 +111,8 @@ def compute_bytes(
     # hyper-connections (measured on the 2560-wide qwen4exp); with the indexer, which runs
     # between the attention's query projection and its flash attention, also the query with
     # its output gate and the query after its norm and rotation (3 x n_head x head_dim f32),
-    # the layer's normed hc-wide input, and one f32 per routed expert for every layer before
-    # (the router's, kept to the graph's end: the peak grows by that with depth; measured at
-    # full width, 8 to 48 layers)
+    # the layer's normed hc-wide input, and one f32 per routed expert for every layer (the
+    # router's, kept to the graph's end, so the peak grows with depth; docs/fit.md)
     hc_row = 4 * facts.hc * facts.n_embd if facts.hc > 1 else 0
     row = 8 * facts.n_embd + hc_row
     if r:
