@@ -61,9 +61,8 @@ def per_pair(facts: ModelFacts, fa: bool, cuda: bool) -> tuple[float, str]:
     cells and the mask added to them); with more than one indexer layer, the holes that the
     first one's scratch leaves in the allocator's layout, which a later one's is laid out
     around (fitted to llama.cpp's reserve at full width, docs/fit.md); the temporaries that
-    remain (measured); on CUDA
-    without flash attention the mask twice: the scheduler copies the mask and its reshaped
-    view to the GPU apart."""
+    remain (measured); on CUDA without flash attention the mask twice: the scheduler copies the
+    mask and its reshaped view to the GPU apart."""
     parts: list[tuple[str, float]] = [("mask", 2 if fa else 4)]
     if not fa:
         parts.append((f"scores ({facts.n_head} heads x 4 B)", 4 * facts.n_head))
